@@ -1,0 +1,187 @@
+"""The harness every stage CLI runs in.
+
+A stage CLI parses its own arguments, then wraps its work in :func:`stage_run`::
+
+    with stage_run("tfidf", args) as st:
+        ...                      # the work; st.log is a logging.Logger
+        st.params.update(...)    # parameters worth recording
+        st.metric("vocab_size", n)
+        st.step_metric("loss", value, step)
+        st.output("train", path)
+
+On a clean exit the harness writes the stage record (``--record``, JSON: wall time,
+peak memory, parameters, metrics, outputs, MLflow run id) and logs the same to MLflow
+through :mod:`xmc_steps.tracking`.  On an exception it removes the outputs the
+stage declared (``--out``/``st.output`` paths that are files), so a failed job leaves
+no artifact behind, and re-raises: the CLI exits non-zero with a one-line message
+(see :func:`cli_main`).
+
+Common CLI flags (added by :func:`add_common_args`): ``--log``, ``--record``,
+``--params`` (JSON object), ``--dataset``, ``--method``, ``--rule``, ``--config-hash``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import io
+
+
+class StageError(Exception):
+    """A user-facing error: bad input or configuration.  Printed without a traceback."""
+
+
+def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--log", help="log file (also echoed to stderr)")
+    p.add_argument("--record", help="stage record JSON to write on success")
+    p.add_argument("--params", default="{}", help="stage parameters as a JSON object")
+    p.add_argument("--dataset", default="", help="dataset name (for tracking)")
+    p.add_argument("--method", default="", help="method name, empty for shared stages")
+    p.add_argument("--rule", default="", help="Snakemake rule name (for tracking)")
+    p.add_argument("--config-hash", default="", help="hash of the effective config")
+    p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    return p
+
+
+def parse_params(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        params = json.loads(args.params) if isinstance(args.params, str) else dict(args.params)
+    except json.JSONDecodeError as e:
+        raise StageError(f"--params is not valid JSON: {e}") from e
+    if not isinstance(params, dict):
+        raise StageError("--params must be a JSON object")
+    return params
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process and its waited-for children, in MiB."""
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(self_kb, child_kb) / 1024.0
+
+
+def get_logger(name: str, log_path: str | None) -> logging.Logger:
+    log = logging.getLogger(f"xmc.{name}")
+    log.setLevel(logging.INFO)
+    log.handlers.clear()
+    log.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(fmt)
+    log.addHandler(h)
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_path, mode="a", encoding="utf-8")
+        fh.setFormatter(fmt)
+        log.addHandler(fh)
+    return log
+
+
+@dataclass
+class StageContext:
+    stage: str
+    args: argparse.Namespace
+    log: logging.Logger
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    step_metrics: list[tuple[str, float, int]] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def metric(self, name: str, value: float) -> None:
+        self.metrics[name] = float(value)
+
+    def step_metric(self, name: str, value: float, step: int) -> None:
+        self.step_metrics.append((name, float(value), int(step)))
+
+    def output(self, name: str, path: str | os.PathLike) -> str:
+        self.outputs[name] = str(path)
+        return str(path)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
+
+
+def _remove_outputs(paths: list[str]) -> None:
+    for p in paths:
+        path = Path(p)
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = None) -> Iterator[StageContext]:
+    """Run a stage: logging, timing, peak memory, record, tracking, cleanup on failure.
+
+    ``outputs`` are paths removed if the stage fails (in addition to ``st.output``
+    paths and the record); pre-existing files are removed too, since Snakemake would
+    otherwise mistake a stale file for the product of this run.
+    """
+    log = get_logger(stage, getattr(args, "log", None))
+    ctx = StageContext(stage=stage, args=args, log=log, params=parse_params(args))
+    record_path = getattr(args, "record", None)
+    declared = list(outputs or [])
+    log.info("stage %s starting (pid %d)", stage, os.getpid())
+    try:
+        yield ctx
+    except BaseException as e:
+        _remove_outputs(declared + list(ctx.outputs.values()) + ([record_path] if record_path else []))
+        if isinstance(e, StageError):
+            log.error("%s", e)
+        elif not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            log.exception("stage %s failed", stage)
+        raise
+    wall = time.perf_counter() - ctx.t0
+    record = {
+        "stage": stage,
+        "rule": getattr(args, "rule", "") or stage,
+        "dataset": getattr(args, "dataset", ""),
+        "method": getattr(args, "method", ""),
+        "config_hash": getattr(args, "config_hash", ""),
+        "wall_s": round(wall, 3),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "timings_s": {k: round(v, 3) for k, v in ctx.timings.items()},
+        "params": ctx.params,
+        "metrics": ctx.metrics,
+        "outputs": ctx.outputs,
+        "tags": ctx.tags,
+        "extra": ctx.extra,
+        "mlflow_run_id": None,
+    }
+    if not getattr(args, "no_tracking", False) and os.environ.get("XMC_TRACKING", "1") != "0":
+        from . import tracking
+
+        record["mlflow_run_id"] = tracking.log_stage(record, ctx.step_metrics, log=log)
+    if record_path:
+        io.write_json(record_path, record)
+    log.info("stage %s done in %.1f s, peak memory %.0f MiB", stage, wall, record["peak_rss_mb"])
+
+
+def cli_main(fn: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
+    """Run a stage's ``main``; print a :class:`StageError` as one clear line, exit 2."""
+    try:
+        fn(argv)
+    except StageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
