@@ -1,0 +1,24 @@
+# XMC experiment pipeline.  Thin on purpose: configuration, schema validation and the
+# rule files; every rule only wires files to a stage CLI in xmc_steps/.
+#
+#   snakemake --cores all demo                       # the built-in debtags dataset
+#   snakemake --cores 8 results/<dataset>/<method>.json
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/features.smk"
+include: "workflow/rules/index.smk"
+include: "workflow/rules/ranker.smk"
+include: "workflow/rules/evaluate.smk"
+
+
+rule demo:
+    """The main job on the built-in dataset: both linear baselines, evaluated."""
+    input:
+        "results/debtags/xr-linear.json",
+        "results/debtags/parabel.json",
+        "results/debtags/features/tokens/tokens_test.npz",
+    default_target: True

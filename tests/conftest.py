@@ -1,0 +1,34 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+SHARED_DATA = SHARED / "data"
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_by_default(monkeypatch):
+    """Unit tests do not touch MLflow unless they opt in (tests of tracking set it back)."""
+    monkeypatch.setenv("XMC_TRACKING", os.environ.get("XMC_TEST_TRACKING", "0"))
+
+
+def shared_dataset(*parts: str) -> Path:
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.is_dir():
+        pytest.skip(f"{p} is absent (../shared is not beside the checkout)")
+    return p
+
+
+def write_raw_dataset(folder: Path, train, test, label_ids=None, label_texts=None) -> Path:
+    """Write a tiny AttentionXML-layout dataset: train/test are lists of (text, labels)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("test", test)):
+        (folder / f"{split}_texts.txt").write_text("".join(t + "\n" for t, _ in rows), encoding="utf-8")
+        (folder / f"{split}_labels.txt").write_text("".join(" ".join(l) + "\n" for _, l in rows), encoding="utf-8")
+    if label_ids is not None:
+        (folder / "label_ids.txt").write_text("".join(x + "\n" for x in label_ids))
+    if label_texts is not None:
+        (folder / "label_texts.txt").write_text("".join(x + "\n" for x in label_texts))
+    return folder

@@ -1,0 +1,52 @@
+"""Config validation names the bad key; settings merge; hash is stable."""
+
+import pytest
+import yaml
+
+from xmc_steps import config
+
+ROOT = config.SCHEMA_PATH.parents[2]
+
+
+def test_shipped_config_is_valid():
+    c = config.load(ROOT / "config.yaml")
+    s = config.dataset_settings(c, "debtags")
+    assert s["tfidf"]["ngram_range"] == [1, 2]
+
+
+def _write(tmp_path, mutate):
+    c = yaml.safe_load((ROOT / "config.yaml").read_text())
+    mutate(c)
+    p = tmp_path / "config.yaml"
+    p.write_text(yaml.safe_dump(c))
+    return p
+
+
+def test_unknown_key_is_named(tmp_path):
+    p = _write(tmp_path, lambda c: c["defaults"]["tfidf"].update(ngram=[1, 3]))
+    with pytest.raises(config.ConfigError, match=r"unknown key 'defaults.tfidf.ngram'"):
+        config.load(p)
+
+
+def test_wrong_type_is_named(tmp_path):
+    p = _write(tmp_path, lambda c: c["defaults"]["tfidf"].update(min_df="two"))
+    with pytest.raises(config.ConfigError, match=r"key 'defaults.tfidf.min_df': 'two' is not of type 'integer'"):
+        config.load(p)
+
+
+def test_dataset_override_unknown_key(tmp_path):
+    p = _write(tmp_path, lambda c: c["datasets"].update(wiki500k={"cluster": {"leafsize": 3}}))
+    with pytest.raises(config.ConfigError, match=r"unknown key 'datasets.wiki500k.cluster.leafsize'"):
+        config.load(p)
+
+
+def test_override_merges_and_hash_changes():
+    c = config.load(ROOT / "config.yaml", overrides={"datasets": {"toy": {"cluster": {"leaf_size": 7}}}})
+    s = config.dataset_settings(c, "toy")
+    assert s["cluster"]["leaf_size"] == 7 and s["cluster"]["branching"] == 16
+    h1 = config.config_hash(config.method_settings(c, "toy", "xr-linear"))
+    h2 = config.config_hash(config.method_settings(c, "debtags", "xr-linear"))
+    assert h1 != h2
+    # parabel does not depend on the cluster section
+    assert config.config_hash(config.method_settings(c, "toy", "parabel")) == config.config_hash(
+        config.method_settings(c, "debtags", "parabel"))

@@ -1,0 +1,133 @@
+"""Ingest: layouts, alignment rules and every bad-input error of the foundation issue."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import write_raw_dataset
+from xmc_steps import config, io
+from xmc_steps.ingest import main as ingest_main
+from xmc_steps.stage import StageError
+
+SETTINGS = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "x")
+
+
+def run_ingest(tmp_path, name="toy", data_dir=None, settings=None, extra=()):
+    out = tmp_path / "out"
+    argv = ["--name", name, "--data-dir", str(data_dir or tmp_path / "data"), "--out", str(out),
+            "--params", json.dumps(settings or SETTINGS), "--record", str(out / "record.json"), *extra]
+    ingest_main(argv)
+    return out
+
+
+TRAIN = [(f"doc {i} about apples", ["a", "b"] if i % 2 else ["c"]) for i in range(20)]
+TEST = [("apples again", ["a"]), ("", ["b"]), ("no labels here", [])]
+
+
+def test_raw_layout_roundtrip(tmp_path):
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    out = run_ingest(tmp_path)
+    labels = io.read_table(out / "labels.parquet").to_pydict()
+    assert labels["label_id"] == ["a", "b", "c"]
+    assert sum(labels["train_freq"]) == sum(len(l) for _, l in TRAIN)
+    docs = {s: io.read_table(out / f"docs_{s}.parquet").to_pydict() for s in ("train", "valid", "test")}
+    assert len(docs["train"]["text"]) + len(docs["valid"]["text"]) == 20
+    assert len(docs["valid"]["text"]) == 2  # 10% of 20
+    # texts stay aligned with labels, also after the validation carve-out
+    for s in ("train", "valid"):
+        for line, text, labs in zip(docs[s]["source_line"], docs[s]["text"], docs[s]["labels"]):
+            want = TRAIN[line - 1]
+            assert text == want[0]
+            assert [labels["label_id"][j] for j in labs] == sorted(want[1])
+    Y = io.load_csr(out / "Y_test.npz")
+    assert Y.shape == (3, 3) and Y.nnz == 2
+    report = json.loads((out / "ingest.json").read_text())
+    assert report["splits"]["test"]["empty_docs"] == 1
+    assert report["splits"]["test"]["docs_without_labels"] == 1
+
+
+def test_valid_split_is_deterministic(tmp_path):
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    a = io.read_table(run_ingest(tmp_path) / "docs_valid.parquet").to_pydict()["source_line"]
+    b = io.read_table(run_ingest(tmp_path) / "docs_valid.parquet").to_pydict()["source_line"]
+    assert a == b
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    d = write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    (d / "train_labels.txt").write_text("a\n" * 19)
+    with pytest.raises(StageError) as e:
+        run_ingest(tmp_path)
+    msg = str(e.value)
+    assert "train_texts.txt has 20 lines" in msg and "train_labels.txt has 19" in msg
+    assert not (tmp_path / "out" / "docs_train.parquet").exists()
+
+
+def test_non_utf8_names_file_and_line(tmp_path):
+    d = write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    raw = (d / "test_texts.txt").read_bytes().split(b"\n")
+    raw[1] = b"caf\xe9 latte"
+    (d / "test_texts.txt").write_bytes(b"\n".join(raw))
+    with pytest.raises(StageError, match=r"test_texts.txt:2: bytes that are not UTF-8 at column 4"):
+        run_ingest(tmp_path)
+    assert not list(tmp_path.glob("out/*"))  # nothing of the failed job is left
+    # the documented replacement policy
+    s = json.loads(json.dumps(SETTINGS))
+    s["ingest"]["encoding_errors"] = "replace"
+    out = run_ingest(tmp_path, settings=s)
+    assert json.loads((out / "ingest.json").read_text())["replaced_bytes"] == 1
+    assert io.read_table(out / "docs_test.parquet").to_pydict()["text"][1] == "caf\ufffd latte"
+
+
+def test_label_missing_from_label_ids(tmp_path):
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST + [("x", ["zzz"])], label_ids=["a", "b", "c"],
+                      label_texts=["A", "B", "C"])
+    with pytest.raises(StageError, match=r"test_labels.txt:4: label 'zzz' is not in .*label_ids.txt"):
+        run_ingest(tmp_path)
+
+
+def test_label_texts_used(tmp_path):
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST, label_ids=["c", "b", "a", "d"], label_texts=["C", "B", "A", "D"])
+    out = run_ingest(tmp_path)
+    t = io.read_table(out / "labels.parquet").to_pydict()
+    assert t["label_id"] == ["c", "b", "a", "d"] and t["label_text"] == ["C", "B", "A", "D"]
+    assert t["train_freq"][3] == 0  # listed but never used: legal
+
+
+def test_unknown_dataset_lists_known(tmp_path):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(StageError) as e:
+        run_ingest(tmp_path, name="nosuch")
+    assert "unknown dataset 'nosuch'" in str(e.value) and "wiki500k" in str(e.value) and "debtags" in str(e.value)
+
+
+def test_stray_carriage_returns_and_separators_do_not_shift_lines(tmp_path):
+    train = [("first\rline with \x0c form feed and \u2028 separator", ["a"]), ("second", ["b"])] * 5
+    write_raw_dataset(tmp_path / "data" / "toy", train, TEST)
+    out = run_ingest(tmp_path)
+    docs = io.read_table(out / "docs_train.parquet").to_pydict()
+    for line, labs in zip(docs["source_line"], docs["labels"]):
+        assert list(labs) == ([0] if line % 2 else [1])
+    assert len(docs["source_line"]) + len(io.read_table(out / "docs_valid.parquet").to_pydict()["text"]) == 10
+
+
+def test_bow_layout(tmp_path):
+    d = tmp_path / "data" / "eurlex4k"
+    d.mkdir(parents=True)
+    (d / "train.txt").write_text("3 5 2\n0,1 0:1.0 3:2.0\n1 2:0.5\n 4:1\n")
+    (d / "test.txt").write_text("1 5 2\n0 1:1.0\n")
+    out = run_ingest(tmp_path, name="eurlex4k")
+    X = io.load_csr(out / "X_bow_test.npz")
+    assert X.shape == (1, 5) and X[0, 1] == 1.0
+    Y = np.vstack([io.load_csr(out / f"Y_{s}.npz").toarray() for s in ("train", "valid")])
+    assert Y.sum() == 3
+
+
+def test_bow_bad_feature(tmp_path):
+    d = tmp_path / "data" / "eurlex4k"
+    d.mkdir(parents=True)
+    (d / "train.txt").write_text("2 5 2\n0 0:1.0\n1 7:1\n")
+    (d / "test.txt").write_text("1 5 2\n0 1:1.0\n")
+    with pytest.raises(StageError, match=r"train.txt:3: feature '7:1' outside \[0, 5\)"):
+        run_ingest(tmp_path, name="eurlex4k")

@@ -1,0 +1,266 @@
+"""Tests of xmc_steps.tracking: run layout in MLflow, and parallel jobs on one SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow")
+pytest.importorskip("filelock")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from xmc_steps import tracking  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("XMC_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("XMC_GIT_COMMIT", "feedbeef")
+    return tmp_path / "results"
+
+
+def _record(stage, method, dataset="debtags", **kw):
+    rec = {
+        "stage": stage,
+        "rule": kw.pop("rule", f"{method or 'shared'}_{stage}"),
+        "dataset": dataset,
+        "method": method,
+        "config_hash": kw.pop("config_hash", "h123"),
+        "wall_s": 2.5,
+        "peak_rss_mb": 321.0,
+        "timings_s": {"fit": 1.25},
+        "params": {"tfidf": {"min_df": 2, "ngram": [1, 2]}, "seed": 0},
+        "metrics": {"p_at_1": 0.5},
+        "outputs": {"model": f"/results/{dataset}/{stage}.npz"},
+        "tags": {"device": "cpu"},
+        "extra": {"note": "x"},
+    }
+    rec.update(kw)
+    return rec
+
+
+def _runs(client, exp_id, flt):
+    return client.search_runs([exp_id], filter_string=flt, max_results=1000)
+
+
+def test_tracking_uri_default_and_env(store, monkeypatch):
+    uri = tracking.tracking_uri()
+    assert uri == f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    assert tracking.lock_path(uri) == store.resolve() / "mlflow.db.lock"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert tracking.tracking_uri() == "http://mlflow.example:5000"
+    assert tracking.lock_path() == store.resolve() / "mlflow.lock"
+
+
+def test_log_stages_layout(store):
+    curve = [("loss", 1.0 / s, s) for s in range(1, 1501)]  # > 1000: several log_batch calls
+    long_value = "v" * 7000
+    rid_tfidf = tracking.log_stage(_record("tfidf", "", rule="tfidf", config_hash="hs"), [])
+    rid_train = tracking.log_stage(
+        _record("train", "xr-linear", params={"model": {"beam": 10, "blob": long_value}}), curve
+    )
+    rid_eval = tracking.log_stage(_record("evaluate", "xr-linear", metrics={"p_at_1": 0.9, "ndcg_at_3": 0.8}), [])
+    assert len({rid_tfidf, rid_train, rid_eval}) == 3
+
+    client = MlflowClient(tracking.tracking_uri())
+    exp = client.get_experiment_by_name("debtags")
+    assert exp is not None
+    assert exp.artifact_location.startswith((store.resolve() / "mlartifacts").as_uri())
+
+    parents = _runs(client, exp.experiment_id, "tags.`xmc.run_type` = 'target'")
+    by_method = {p.data.tags["xmc.method"]: p for p in parents}
+    assert sorted(by_method) == ["shared", "xr-linear"]
+    xr, shared = by_method["xr-linear"], by_method["shared"]
+    assert xr.info.run_name == "xr-linear" and shared.info.run_name == "shared"
+    assert xr.data.tags["xmc.dataset"] == "debtags"
+    assert xr.data.tags["xmc.config_hash"] == "h123"
+    assert tracking.parent_run_id("debtags", "xr-linear") == xr.info.run_id
+    assert tracking.parent_run_id("debtags", "") == shared.info.run_id
+    assert tracking.parent_run_id("debtags", "parabel") is None
+    assert tracking.parent_run_id("other", "xr-linear") is None
+
+    train = client.get_run(rid_train)
+    tags = train.data.tags
+    assert tags["mlflow.parentRunId"] == xr.info.run_id
+    assert train.info.run_name == "xr-linear_train"
+    assert train.info.status == "FINISHED"
+    assert tags["xmc.rule"] == "xr-linear_train"
+    assert tags["xmc.stage"] == "train"
+    assert tags["xmc.dataset"] == "debtags"
+    assert tags["xmc.method"] == "xr-linear"
+    assert tags["xmc.config_hash"] == "h123"
+    assert tags["xmc.git_commit"] in ("feedbeef",) or len(tags["xmc.git_commit"]) == 40
+    assert tags["device"] == "cpu"
+    assert tags["artifact.model"] == "/results/debtags/train.npz"
+    params = train.data.params
+    assert params["model.beam"] == "10"
+    assert len(params["model.blob"]) == tracking.MAX_PARAM_VAL_LENGTH
+    assert params["artifact.model"] == "/results/debtags/train.npz"
+    assert params["extra.note"] == "x"
+    m = train.data.metrics
+    assert m["p_at_1"] == 0.5 and m["wall_s"] == 2.5 and m["peak_rss_mb"] == 321.0
+    assert m["time_s.fit"] == 1.25
+    hist = client.get_metric_history(rid_train, "loss")
+    assert sorted(h.step for h in hist) == list(range(1, 1501))
+    assert {h.step: h.value for h in hist}[4] == 0.25
+    # the training run started wall_s before it was logged
+    assert train.info.end_time - train.info.start_time >= 2000
+
+    ev = client.get_run(rid_eval)
+    assert ev.data.tags["mlflow.parentRunId"] == xr.info.run_id
+    assert ev.data.metrics["ndcg_at_3"] == 0.8
+
+    tf = client.get_run(rid_tfidf)
+    assert tf.data.tags["mlflow.parentRunId"] == shared.info.run_id
+    assert tf.data.tags["xmc.method"] == "shared"
+    assert tf.info.run_name == "tfidf"
+    assert tf.data.params["tfidf.min_df"] == "2"
+    assert tf.data.params["tfidf.ngram"] == "[1, 2]"
+
+    children = _runs(client, exp.experiment_id, "tags.`xmc.run_type` = 'stage'")
+    assert {c.info.run_id for c in children} == {rid_tfidf, rid_train, rid_eval}
+
+    # shared stages are referenced from the method's parent
+    assert tracking.link_shared("debtags", "xr-linear", {"tfidf": rid_tfidf}) == xr.info.run_id
+    assert client.get_run(xr.info.run_id).data.tags["xmc.uses.tfidf"] == rid_tfidf
+
+
+def test_flatten_params():
+    flat = tracking.flatten_params({"a": {"b": {"c": 1}, "d": None}, "e@k": [1, "x"], "f": {}})
+    assert flat == {"a.b.c": "1", "a.d": "None", "e_at_k": '[1, "x"]', "f": "{}"}
+
+
+def test_retry_on_locked(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_BASE_S", 0.001)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "ok"
+
+    assert tracking._retry(flaky, "test") == "ok" and len(calls) == 3
+
+    def broken():
+        calls.append(1)
+        raise ValueError("no such table")
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        tracking._retry(broken, "test")
+    assert len(calls) == 1  # other errors are not retried
+
+
+def test_failure_is_a_clear_runtime_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("XMC_RESULTS_DIR", str(blocker / "results"))
+    with pytest.raises(RuntimeError, match="MLflow tracking at sqlite:///"):
+        tracking.log_stage(_record("tfidf", ""), [])
+
+
+# --------------------------------------------------------------------------- parallel
+
+_JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from xmc_steps import tracking
+    import mlflow.tracking, mlflow.entities  # import before the barrier
+    i, method, sync = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    (sync / f"ready{{i}}").touch()
+    t_end = time.time() + 60
+    while not (sync / "go").exists() and time.time() < t_end:
+        time.sleep(0.005)
+    rec = {{
+        "stage": f"stage{{i}}", "rule": f"rule{{i}}", "dataset": "debtags", "method": method,
+        "config_hash": "h" + method, "wall_s": float(i), "peak_rss_mb": 10.0 * i,
+        "timings_s": {{"fit": 0.5}}, "params": {{"job": i, "nested": {{"k": i}}}},
+        "metrics": {{"p_at_1": i / 10, "job_index": i}}, "outputs": {{"out": f"/r/{{i}}.npz"}},
+        "tags": {{}}, "extra": {{}},
+    }}
+    curve = [("loss", i + s / 1000, s) for s in range(1200)]
+    rid = tracking.log_stage(rec, curve)
+    (sync / f"done{{i}}.json").write_text(json.dumps({{"run_id": rid, "method": method}}))
+    """
+)
+
+_METHODS = ["xr-linear", "parabel", "", "xr-linear", "parabel", "", "xr-linear", "parabel"]
+
+
+def test_parallel_jobs_one_sqlite_store(tmp_path):
+    results = tmp_path / "results"
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(XMC_RESULTS_DIR=str(results), XMC_GIT_COMMIT="feedbeef", PYTHONPATH=str(REPO))
+    code = _JOB.format(repo=str(REPO))
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(i), m, str(sync)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i, m in enumerate(_METHODS)
+    ]
+    try:
+        deadline = time.time() + 90
+        while len(list(sync.glob("ready*"))) < len(procs) and time.time() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.02)
+        (sync / "go").touch()  # all 8 hit the fresh (not yet created) store at once
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    elapsed = time.perf_counter() - t0
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"job {i} failed:\n{err[-3000:]}"
+        assert "Traceback" not in err, err[-3000:]
+    print(f"8 parallel jobs took {elapsed:.1f} s")
+
+    done = {i: json.loads((sync / f"done{i}.json").read_text()) for i in range(len(procs))}
+    run_ids = {i: d["run_id"] for i, d in done.items()}
+    assert len(set(run_ids.values())) == 8
+
+    client = MlflowClient(f"sqlite:///{results.resolve() / 'mlflow.db'}")
+    exps = [e for e in client.search_experiments() if e.name == "debtags"]
+    assert len(exps) == 1
+    exp_id = exps[0].experiment_id
+
+    parents = _runs(client, exp_id, "tags.`xmc.run_type` = 'target'")
+    methods = sorted(p.data.tags["xmc.method"] for p in parents)
+    assert methods == ["parabel", "shared", "xr-linear"], methods  # exactly one parent each
+    parent_of = {p.data.tags["xmc.method"]: p.info.run_id for p in parents}
+
+    children = _runs(client, exp_id, "tags.`xmc.run_type` = 'stage'")
+    assert {c.info.run_id for c in children} == set(run_ids.values())
+    for i, method in enumerate(_METHODS):
+        run = client.get_run(run_ids[i])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent_of[method or "shared"]
+        assert run.data.tags["xmc.rule"] == f"rule{i}"
+        assert run.data.params["job"] == str(i) and run.data.params["nested.k"] == str(i)
+        assert run.data.params["artifact.out"] == f"/r/{i}.npz"
+        m = run.data.metrics
+        assert m["p_at_1"] == pytest.approx(i / 10) and m["job_index"] == i
+        assert m["wall_s"] == float(i) and m["peak_rss_mb"] == 10.0 * i and m["time_s.fit"] == 0.5
+        hist = client.get_metric_history(run_ids[i], "loss")
+        assert sorted(h.step for h in hist) == list(range(1200))

@@ -1,0 +1,68 @@
+# Shared helpers: config validation at start-up, effective settings, paths.
+import json
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+sys.path.insert(0, workflow.basedir)
+from xmc_steps import config as xcfg  # noqa: E402
+from xmc_steps import datasets as xds  # noqa: E402
+
+try:
+    xcfg.validate(config, source="config.yaml (with --config overrides)")
+except xcfg.ConfigError as e:
+    sys.stderr.write(f"error: {e}\n")
+    sys.exit(1)
+
+PY = sys.executable
+DATA = config["data_dir"]
+RES = config["results_dir"]
+METHODS = ["xr-linear", "parabel"]
+
+
+wildcard_constraints:
+    dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    method="|".join(METHODS),
+
+
+def S(wildcards):
+    """Effective settings of the wildcards' dataset (defaults + dataset overrides)."""
+    return xcfg.dataset_settings(config, wildcards.dataset)
+
+
+def P(*sections, **extra):
+    """A params function: the JSON of the given settings sections (merged), plus threads."""
+
+    def f(wildcards):
+        s = S(wildcards)
+        out = {}
+        for sec in sections:
+            out.update(s[sec] if isinstance(s[sec], dict) else {sec: s[sec]})
+        out["threads"] = s["threads"]
+        out.update(extra)
+        return json.dumps(out, sort_keys=True)
+
+    return f
+
+
+def threads_of(wildcards):
+    return S(wildcards)["threads"]
+
+
+def config_hash(wildcards):
+    return xcfg.config_hash(xcfg.method_settings(config, wildcards.dataset, getattr(wildcards, "method", "")))
+
+
+def dataset_inputs(wildcards):
+    """The upstream files of a dataset (the built-in debtags is made by `prepare`)."""
+    s = S(wildcards)
+    if wildcards.dataset == "debtags" and not s.get("path"):
+        return [f"{DATA}/debtags/{n}" for n in DEBTAGS_FILES]
+    try:
+        files = xds.locate(wildcards.dataset, DATA, s.get("path"), s.get("layout"))
+    except xds.StageError as e:
+        raise WorkflowError(str(e))
+    return [str(p) for p in files.inputs()]

@@ -1,0 +1,55 @@
+# Data: build the built-in dataset, ingest any dataset into Parquet/NPZ.
+
+DEBTAGS_FILES = [
+    "train_texts.txt", "train_labels.txt", "test_texts.txt", "test_labels.txt",
+    "label_ids.txt", "label_texts.txt", "label_map.tsv", "train_ids.txt", "test_ids.txt",
+]
+SPLITS = ["train", "valid", "test"]
+
+
+rule prepare:
+    """Build the built-in debtags dataset from the Debian package index."""
+    output:
+        [f"{DATA}/debtags/{n}" for n in DEBTAGS_FILES],
+    log:
+        "logs/prepare/debtags.log",
+    params:
+        out=f"{DATA}/debtags",
+        workdir=f"{RES}/debtags/prepare/apt",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    shell:
+        "{PY} -m xmc_steps.prepare_debtags --out {params.out} --workdir {params.workdir} "
+        "--log {log:q} --dataset debtags --rule prepare"
+
+
+rule ingest:
+    """Documents and labels to Parquet, label matrices to NPZ, validation split carved."""
+    input:
+        dataset_inputs,
+    output:
+        docs=expand(RES + "/{{dataset}}/ingest/docs_{split}.parquet", split=SPLITS),
+        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=SPLITS),
+        labels=RES + "/{dataset}/ingest/labels.parquet",
+        report=RES + "/{dataset}/ingest/ingest.json",
+        record=RES + "/{dataset}/ingest/record.json",
+    log:
+        "logs/ingest/{dataset}.log",
+    params:
+        settings=P("split", "ingest"),
+        hash=config_hash,
+        path=lambda w: S(w).get("path") or "",
+        layout=lambda w: S(w).get("layout") or "",
+        out=RES + "/{dataset}/ingest",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    shell:
+        "{PY} -m xmc_steps.ingest --name {wildcards.dataset} --data-dir {DATA} "
+        "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "
+        "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) "
+        "--out {params.out} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule ingest --config-hash {params.hash}"

@@ -1,0 +1,111 @@
+# Linear rankers: XR-Linear (tree of one-vs-all rankers, TFN/MAN negatives, beam search)
+# and the Parabel baseline (omikuji), both on the shared TF-IDF features.
+
+
+def fit_files(kind, section):
+    """The feature (``X``) or label (``Y``) files of the splits a method fits on."""
+
+    def f(wildcards):
+        sub = "features/tfidf" if kind == "X" else "ingest"
+        return [f"{RES}/{wildcards.dataset}/{sub}/{kind}_{s}.npz" for s in S(wildcards)[section]["fit_on"]]
+
+    return f
+
+
+rule xr_linear_train:
+    """Level-wise one-vs-all rankers over the cluster tree (X-Transformer §3.4)."""
+    input:
+        X=fit_files("X", "xr_linear"),
+        Y=fit_files("Y", "xr_linear"),
+        tree=rules.cluster.output.tree,
+    output:
+        model=directory(RES + "/{dataset}/xr-linear/model"),
+        record=RES + "/{dataset}/xr-linear/train.record.json",
+    log:
+        "logs/xr_linear_train/{dataset}.log",
+    params:
+        settings=P("xr_linear"),
+        hash=config_hash,
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    shell:
+        "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
+        "--out {output.model} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule xr_linear_train "
+        "--config-hash {params.hash}"
+
+
+rule xr_linear_predict:
+    """Beam search down the tree; top-k labels per test document."""
+    input:
+        model=rules.xr_linear_train.output.model,
+        X=RES + "/{dataset}/features/tfidf/X_test.npz",
+    output:
+        predictions=RES + "/{dataset}/xr-linear/predictions_test.parquet",
+        record=RES + "/{dataset}/xr-linear/predict.record.json",
+    log:
+        "logs/xr_linear_predict/{dataset}.log",
+    params:
+        settings=P("xr_linear"),
+        hash=config_hash,
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} "
+        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule xr_linear_predict "
+        "--config-hash {params.hash}"
+
+
+rule parabel_train:
+    """omikuji with its Parabel settings (3 trees, balanced 2-means, hinge rankers)."""
+    input:
+        X=fit_files("X", "parabel"),
+        Y=fit_files("Y", "parabel"),
+    output:
+        model=directory(RES + "/{dataset}/parabel/model"),
+        record=RES + "/{dataset}/parabel/train.record.json",
+    log:
+        "logs/parabel_train/{dataset}.log",
+    params:
+        settings=P("parabel"),
+        hash=config_hash,
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    shell:
+        "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} "
+        "--out {output.model} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule parabel_train "
+        "--config-hash {params.hash}"
+
+
+rule parabel_predict:
+    """omikuji beam search; top-k labels per test document."""
+    input:
+        model=rules.parabel_train.output.model,
+        X=RES + "/{dataset}/features/tfidf/X_test.npz",
+        labels=RES + "/{dataset}/ingest/labels.parquet",
+    output:
+        predictions=RES + "/{dataset}/parabel/predictions_test.parquet",
+        record=RES + "/{dataset}/parabel/predict.record.json",
+    log:
+        "logs/parabel_predict/{dataset}.log",
+    params:
+        settings=P("parabel"),
+        hash=config_hash,
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} "
+        "--label-table {input.labels} "
+        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule parabel_predict "
+        "--config-hash {params.hash}"

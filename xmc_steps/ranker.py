@@ -1,0 +1,229 @@
+"""Linear one-vs-all rankers trained per cluster on a masked instance subset.
+
+X-Transformer §3.4 / PECOS XR-Linear: for every label ``l`` a linear scorer
+``w_l^T [x; bias]`` trained with the L2-regularised squared hinge loss, solved in the
+dual by liblinear's coordinate descent (``L2R_L2LOSS_SVC_DUAL`` through scikit-learn's
+:class:`~sklearn.svm.LinearSVC`), on only the instances the negative-sampling mask
+selects for the label's cluster (plus the label's own positives).  Weights with
+``|w| < threshold`` are then zeroed so ``W`` stays sparse.
+
+Generic on purpose: ``cluster_of_label`` groups the "labels" (they may be tree nodes,
+real labels, or one label per group for arbitrary per-label candidate sets as ELIAS++
+needs) and ``instance_cluster_mask`` (``N x K``) says which instances each group
+trains on.  Each group's instance subset is sliced once and its labels are trained
+one after the other; groups run in a thread pool (liblinear releases the GIL).
+
+``W`` has shape ``(d + 1) x L``: rows ``0..d-1`` the feature weights, row ``d`` the bias
+weight (the feature value of the bias is ``params.bias``, 1.0 by default, and the bias
+is regularised like the other weights, as in liblinear/PECOS).  Score:
+``X @ W[:-1] + bias * W[-1]`` — see :func:`append_bias`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from .negatives import KINDS as NEGATIVE_KINDS
+
+log = logging.getLogger("xmc.ranker")
+
+
+@dataclass
+class RankerParams:
+    """Hyper-parameters of the linear rankers (PECOS defaults)."""
+
+    C: float = 1.0  # inverse regularisation strength
+    threshold: float = 0.1  # weights with |w| < threshold are zeroed
+    tol: float = 0.1  # liblinear stopping tolerance
+    max_iter: int = 100  # liblinear max passes over the data
+    negatives: str = "tfn+man"  # "tfn", "man" or "tfn+man"
+    threads: int = 1  # worker threads (clusters trained in parallel)
+    bias: float = 1.0  # value of the appended bias feature (0 disables the bias)
+    seed: int = 0  # liblinear shuffling seed
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.C <= 0:
+            raise ValueError(f"ranker C must be > 0, got {self.C}")
+        if self.threshold < 0:
+            raise ValueError(f"ranker threshold must be >= 0, got {self.threshold}")
+        if self.tol <= 0:
+            raise ValueError(f"ranker tol must be > 0, got {self.tol}")
+        if self.max_iter < 1:
+            raise ValueError(f"ranker max_iter must be >= 1, got {self.max_iter}")
+        if self.negatives not in NEGATIVE_KINDS:
+            raise ValueError(f"ranker negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
+        if self.threads < 1:
+            raise ValueError(f"ranker threads must be >= 1, got {self.threads}")
+        if self.bias < 0:
+            raise ValueError(f"ranker bias must be >= 0, got {self.bias}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "RankerParams":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ranker parameter(s): {sorted(unknown)}")
+        types = {f.name: f.type for f in fields(cls)}
+        conv = {"float": float, "int": int, "str": str}
+        return cls(**{k: conv.get(str(types[k]), lambda x: x)(v) for k, v in d.items()})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, s: str) -> "RankerParams":
+        return cls.from_dict(json.loads(s))
+
+
+def append_bias(X: sp.spmatrix, bias: float = 1.0) -> sp.csr_matrix:
+    """``[X, bias]``: ``X`` with a constant column appended (CSR, float32)."""
+    X = sp.csr_matrix(X, dtype=np.float32)
+    N, d = X.shape
+    col = sp.csr_matrix((np.full(N, bias, np.float32), np.full(N, 0, np.int32), np.arange(N + 1)), shape=(N, 1))
+    out = sp.hstack([X, col], format="csr", dtype=np.float32)
+    out.sort_indices()
+    return out
+
+
+def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndarray, float]:
+    """One squared-hinge SVM; returns (feature weights, bias weight)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.svm import LinearSVC
+
+    n_pos = int((y > 0).sum())
+    if n_pos == 0 or n_pos == len(y):
+        # degenerate: a constant scorer (+1 if every instance is positive, -1 if none is)
+        return np.zeros(Xs.shape[1]), (1.0 if n_pos else -1.0)
+    clf = LinearSVC(loss="squared_hinge", dual=True, C=p.C, tol=p.tol, max_iter=p.max_iter,
+                    fit_intercept=p.bias > 0, intercept_scaling=p.bias if p.bias > 0 else 1.0,
+                    random_state=p.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(Xs, y)
+    w = clf.coef_.ravel()
+    # intercept_ = bias * w_bias; store the weight of the bias *feature*
+    b = float(clf.intercept_[0]) / p.bias if p.bias > 0 else 0.0
+    return w, b
+
+
+def _groups(cluster_of_label: np.ndarray, K: int) -> list[np.ndarray]:
+    order = np.argsort(cluster_of_label, kind="stable")
+    bounds = np.searchsorted(cluster_of_label[order], np.arange(K + 1))
+    return [order[bounds[k]:bounds[k + 1]] for k in range(K)]
+
+
+def train_rankers(
+    X: sp.spmatrix,
+    Y: sp.spmatrix,
+    cluster_of_label: np.ndarray,
+    instance_cluster_mask: sp.spmatrix | None,
+    params: RankerParams | dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> sp.csr_matrix:
+    """Train one linear ranker per column of ``Y``; returns ``W`` ``(d+1) x L`` CSR float32.
+
+    ``X``: ``N x d`` features.  ``Y``: ``N x L`` 0/1 targets.  ``cluster_of_label``: length
+    ``L`` ints in ``0..K-1``.  ``instance_cluster_mask``: ``N x K`` 0/1; label ``l`` trains
+    on the instances ``i`` with ``mask[i, cluster_of_label[l]]`` plus its own positives;
+    ``None`` trains every label on all instances.  ``progress(done, total)`` is called
+    after each cluster (from worker threads).
+    """
+    p = params if isinstance(params, RankerParams) else RankerParams.from_dict(params)
+    X = sp.csr_matrix(X)
+    Y = sp.csr_matrix(Y)
+    N, d = X.shape
+    L = Y.shape[1]
+    if Y.shape[0] != N:
+        raise ValueError(f"X has {N} rows but Y has {Y.shape[0]}")
+    col = np.asarray(cluster_of_label, dtype=np.int64)
+    if col.shape != (L,):
+        raise ValueError(f"cluster_of_label must have length L={L}")
+    K = int(col.max()) + 1 if L else 0
+    if instance_cluster_mask is not None:
+        mask = sp.csc_matrix(instance_cluster_mask)
+        if mask.shape[0] != N or mask.shape[1] < K:
+            raise ValueError(f"instance_cluster_mask {mask.shape} does not fit N={N}, K={K}")
+        mask.eliminate_zeros()
+        K = max(K, mask.shape[1])
+    else:
+        mask = None
+    X64 = X.astype(np.float64)
+    X64.sort_indices()
+    Yc = sp.csc_matrix(Y)
+    Yc.eliminate_zeros()
+    groups = _groups(col, K)
+    todo = [k for k in range(K) if len(groups[k])]
+    done = [0]
+
+    def run(k: int):
+        labels = groups[k]
+        pos_rows = np.unique(Yc[:, labels].indices) if len(labels) else np.zeros(0, np.int64)
+        if mask is not None:
+            m_rows = mask.indices[mask.indptr[k]:mask.indptr[k + 1]]
+            rows = np.union1d(m_rows, pos_rows)
+        else:
+            rows = np.arange(N)
+        out_idx, out_val, out_cnt = [], [], []
+        if len(rows):
+            Xs = X64[rows]
+            Ys = sp.csc_matrix(Yc[rows][:, labels])
+        for j in range(len(labels)):
+            if len(rows) == 0:
+                w, b = np.zeros(d), -1.0
+            else:
+                y = -np.ones(len(rows))
+                y[Ys.indices[Ys.indptr[j]:Ys.indptr[j + 1]]] = 1.0
+                w, b = _fit_one(Xs, y, p)
+            full = np.append(w, b)
+            nz = np.flatnonzero(np.abs(full) >= p.threshold) if p.threshold > 0 else np.flatnonzero(full)
+            out_idx.append(nz.astype(np.int32))
+            out_val.append(full[nz].astype(np.float32))
+            out_cnt.append(len(nz))
+        done[0] += 1
+        if progress:
+            progress(done[0], len(todo))
+        return labels, out_idx, out_val, out_cnt
+
+    t0 = time.perf_counter()
+    if p.threads > 1 and len(todo) > 1:
+        # largest clusters first for better load balance
+        sizes = {k: len(groups[k]) for k in todo}
+        todo_sorted = sorted(todo, key=lambda k: -sizes[k])
+        with ThreadPoolExecutor(max_workers=p.threads) as pool:
+            results = list(pool.map(run, todo_sorted))
+    else:
+        results = [run(k) for k in todo]
+    # assemble a CSC (d+1) x L matrix
+    counts = np.zeros(L, dtype=np.int64)
+    idx_of = [None] * L
+    val_of = [None] * L
+    for labels, idxs, vals, cnts in results:
+        for j, l in enumerate(labels):
+            counts[l] = cnts[j]
+            idx_of[l] = idxs[j]
+            val_of[l] = vals[j]
+    indptr = np.zeros(L + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    empty_i, empty_v = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    indices = np.concatenate([i if i is not None else empty_i for i in idx_of]) if L else empty_i
+    data = np.concatenate([v if v is not None else empty_v for v in val_of]) if L else empty_v
+    W = sp.csc_matrix((data, indices, indptr), shape=(d + 1, L)).tocsr()
+    W.sort_indices()
+    log.debug("trained %d rankers in %.1f s", L, time.perf_counter() - t0)
+    return W

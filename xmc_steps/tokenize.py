@@ -1,0 +1,64 @@
+"""Tokenize stage: documents -> token ids (NPZ) for any Hugging Face tokenizer.
+
+Output per split: ``tokens_{split}.npz`` with ``input_ids`` (int32, N x max_length,
+padded with the tokenizer's pad id) and ``lengths`` (int32, tokens before padding, so
+the attention mask is ``arange(max_length) < lengths[:, None]``).  Truncation keeps
+the first ``max_length`` tokens ([CLS] ... [SEP]).  A ``max_length`` above the
+encoder's position limit is an error before anything is tokenized.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from . import encoders, io
+from .stage import StageError, add_common_args, cli_main, stage_run
+
+SPLITS = ("train", "valid", "test")
+
+
+def tokenize(texts: list[str], tokenizer, max_length: int, batch_size: int = 2048, progress=None) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.full((len(texts), max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    for a in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[a:a + batch_size], truncation=True, max_length=max_length, padding=False)["input_ids"]
+        for i, row in enumerate(enc, start=a):
+            ids[i, : len(row)] = row
+            lengths[i] = len(row)
+        if progress:
+            progress(min(a + batch_size, len(texts)), len(texts))
+    return ids, lengths
+
+
+def check_max_length(encoder: str, max_length: int) -> None:
+    limit = encoders.max_positions(encoder)
+    if limit is not None and max_length > limit:
+        raise StageError(f"tokenize.max_length = {max_length} exceeds the {limit} positions of encoder '{encoder}'")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.tokenize", description=__doc__.splitlines()[0])
+    p.add_argument("--ingest", required=True, help="the ingest stage's output folder")
+    p.add_argument("--out", required=True, help="output folder")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    src, out = Path(args.ingest), Path(args.out)
+    names = [f"tokens_{s}.npz" for s in SPLITS]
+    with stage_run("tokenize", args, outputs=[str(out / n) for n in names]) as st:
+        encoder, max_length = st.params["encoder"], int(st.params["max_length"])
+        check_max_length(encoder, max_length)
+        tok = encoders.load_tokenizer(encoder)
+        for s in SPLITS:
+            texts = io.read_table(src / f"docs_{s}.parquet", ["text"]).column("text").to_pylist()
+            ids, lengths = tokenize(texts, tok, max_length,
+                                    progress=lambda d, n, s=s: st.log.info("%s: %d/%d documents", s, d, n))
+            io.save_arrays(out / f"tokens_{s}.npz", input_ids=ids, lengths=lengths)
+            st.metric(f"truncated_fraction_{s}", float((lengths >= max_length).mean()) if len(lengths) else 0.0)
+            st.output(f"tokens_{s}", out / f"tokens_{s}.npz")
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))

@@ -1,0 +1,523 @@
+"""MLflow tracking of stage jobs (DESIGN.md, section "MLflow").
+
+Layout in the tracking store:
+
+* one **experiment per dataset** (experiment name = dataset name, e.g. ``debtags``);
+* one **parent run per (dataset, method) target**, run name ``{method}``, tags
+  ``xmc.dataset``, ``xmc.method``, ``xmc.config_hash`` (that of the latest stage logged)
+  and ``xmc.run_type = target``.  It is found again by its tags and reused by every
+  stage job of the target, across Snakemake invocations;
+* stages shared by several methods (``method == ""``: TF-IDF, clustering, ...) go under
+  one parent run per dataset named ``shared`` (``xmc.method = shared``), so they are
+  logged once; :func:`link_shared` records on a method's parent which shared runs it
+  used (``xmc.uses.<stage> = <run id>``);
+* one **child run per stage job** (``mlflow.parentRunId`` = the parent, run name = the
+  rule, ``xmc.run_type = stage``), tagged with rule, stage, dataset, method, config hash
+  and git commit, holding the flattened parameters (dotted keys), the final metrics,
+  ``wall_s``, ``peak_rss_mb`` and ``time_s.<phase>`` as metrics, the per-step training
+  curves, and the output paths as ``artifact.<name>`` params and tags (the files are
+  not copied; they stay under ``results/``).
+
+Store: :func:`tracking_uri` — ``MLFLOW_TRACKING_URI`` if set, else a local SQLite file
+``<results_dir>/mlflow.db`` (``results_dir`` = ``XMC_RESULTS_DIR`` or ``results``).
+Browse it with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``.
+
+Concurrency.  Snakemake runs many stage jobs at once and they all write the same SQLite
+file, which allows one writer at a time and answers the others "database is locked".
+So every logging sequence runs under an inter-process :class:`filelock.FileLock` on
+``<results_dir>/mlflow.db.lock`` (next to the database for any ``sqlite:///`` URI):
+
+* the first creation of the database (MLflow runs its schema migrations when the store
+  is first opened in a process) happens inside the lock;
+* the get-or-create of the experiment and of the parent run happens inside the lock,
+  so a parent is never created twice;
+* the child run is created and filled with few, batched calls (``log_batch`` chunks of
+  at most 1000 entities / 100 params+tags), then terminated — all inside the lock, so
+  a job holds it for a fraction of a second;
+* each store call is additionally retried with exponential backoff (bounded) when the
+  error says the database is locked/busy — e.g. an ``mlflow ui`` reader holding a
+  shared lock; every retried call is a single transaction, so a retry never
+  duplicates anything.
+
+With a tracking server (``http(s)://`` or any non-SQLite database URI) the server
+serialises writes itself; the lock (``<results_dir>/mlflow.lock``) is then only taken
+around the get-or-create of the experiment and parent run.  On a cluster that lock
+file must be on a file system shared by the jobs of a target for this to hold.
+
+Failure policy.  If tracking still fails after the retries (or the lock cannot be had
+within ``XMC_TRACKING_LOCK_TIMEOUT`` seconds, default 600), :func:`log_stage` raises a
+:class:`RuntimeError` naming the URI and the cause.  The harness calls it after the
+stage body, outside its cleanup block, so the stage's computed outputs are left in
+place (though no record is written and the job fails): a run is never lost silently,
+and rerunning the job (or setting ``XMC_TRACKING=0``) recovers.  ``XMC_TRACKING=0``
+disables tracking entirely (checked by the harness).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+
+__all__ = [
+    "tracking_uri",
+    "results_dir",
+    "lock_path",
+    "log_stage",
+    "link_shared",
+    "parent_run_id",
+    "SHARED",
+]
+
+#: Method name used for the parent run of stages shared by several methods.
+SHARED = "shared"
+
+# MLflow's limits (mlflow.utils.validation); repeated here so importing this module
+# stays cheap (mlflow itself is imported only when something is logged).
+MAX_PARAM_VAL_LENGTH = 6000
+MAX_TAG_VAL_LENGTH = 8000
+MAX_ENTITY_KEY_LENGTH = 250
+MAX_ENTITIES_PER_BATCH = 1000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+
+RETRY_ATTEMPTS = 8
+RETRY_BASE_S = 0.1
+RETRY_MAX_S = 5.0
+
+_T = TypeVar("_T")
+_KEY_BAD_CHARS = re.compile(r"[^\w\-. /:]")
+_git_commit_cache: str | None = None
+
+
+# ----------------------------------------------------------------------- locations
+
+
+def results_dir() -> Path:
+    """``XMC_RESULTS_DIR`` or ``results`` (relative to the cwd), as an absolute path."""
+    return Path(os.environ.get("XMC_RESULTS_DIR") or "results").resolve()
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<results_dir>/mlflow.db``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if uri:
+        return uri
+    return f"sqlite:///{results_dir() / 'mlflow.db'}"
+
+
+def artifact_root() -> Path:
+    """Where run artifacts would go (none are copied today): ``<results_dir>/mlartifacts``."""
+    return results_dir() / "mlartifacts"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other URIs or in-memory)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    path = uri[len("sqlite:") :]
+    if path.startswith("///"):
+        path = path[3:]
+        # sqlite:////abs/path -> "/abs/path"; sqlite:///rel/path -> "rel/path"
+    else:
+        return None
+    path = path.split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return Path(path).resolve()
+
+
+def _serialises_writes_itself(uri: str) -> bool:
+    """True for stores that handle concurrent writers (servers, client/server databases)."""
+    return _sqlite_path(uri) is None and not uri.startswith(("file:", "/", ".")) and "://" in uri
+
+
+def lock_path(uri: str | None = None) -> Path:
+    """The inter-process lock file for ``uri``: next to a SQLite file, else under results_dir."""
+    uri = uri or tracking_uri()
+    db = _sqlite_path(uri)
+    if db is not None:
+        return db.with_name(db.name + ".lock")
+    return results_dir() / "mlflow.lock"
+
+
+def _lock_timeout() -> float:
+    try:
+        return float(os.environ.get("XMC_TRACKING_LOCK_TIMEOUT", "600"))
+    except ValueError:
+        return 600.0
+
+
+@contextlib.contextmanager
+def _file_lock(uri: str) -> Iterator[None]:
+    import filelock
+
+    path = lock_path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(path), timeout=_lock_timeout())
+    try:
+        lock.acquire()
+    except filelock.Timeout as e:
+        raise RuntimeError(
+            f"MLflow tracking at {uri}: could not acquire the lock {path} within "
+            f"{_lock_timeout():.0f} s (another job holding it?)"
+        ) from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _quiet_mlflow() -> None:
+    for name in ("mlflow", "alembic", "sqlalchemy", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _is_locked_error(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        msg = str(e).lower()
+        if "locked" in msg or "database is busy" in msg or "sqlite_busy" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _retry(fn: Callable[[], _T], what: str, log: logging.Logger | None = None) -> _T:
+    """Call ``fn``; on a "database is locked" error retry with exponential backoff."""
+    for attempt in range(RETRY_ATTEMPTS):
+        try:
+            return fn()
+        except Exception as e:  # sqlite3/sqlalchemy OperationalError, MlflowException
+            if attempt == RETRY_ATTEMPTS - 1 or not _is_locked_error(e):
+                raise
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2**attempt) * (0.5 + random.random())
+            if log is not None:
+                log.warning("MLflow %s: database locked, retry %d in %.2f s", what, attempt + 1, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _clean_key(key: str) -> str:
+    key = _KEY_BAD_CHARS.sub("_", str(key).replace("@", "_at_"))
+    return key[:MAX_ENTITY_KEY_LENGTH] or "_"
+
+
+def _str_value(v: Any, limit: int) -> str:
+    if isinstance(v, str):
+        s = v
+    elif isinstance(v, (list, tuple, dict)):
+        try:
+            s = json.dumps(v, sort_keys=True, default=str)
+        except (TypeError, ValueError):
+            s = str(v)
+    else:
+        s = str(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dict -> ``{"a.b.c": "value"}`` with values stringified and truncated."""
+    out: dict[str, str] = {}
+
+    def walk(d: Mapping[str, Any], pre: str) -> None:
+        for k, v in d.items():
+            key = f"{pre}{k}"
+            if isinstance(v, Mapping) and v:
+                walk(v, key + ".")
+            else:
+                ck = _clean_key(key)
+                if ck not in out:
+                    out[ck] = _str_value(v, MAX_PARAM_VAL_LENGTH)
+
+    walk(params, prefix)
+    return out
+
+
+def _float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` (read-only), else ``XMC_GIT_COMMIT``, else ``unknown``."""
+    global _git_commit_cache
+    if _git_commit_cache is not None:
+        return _git_commit_cache
+    commit = ""
+    for cwd in (os.getcwd(), str(Path(__file__).resolve().parents[1])):
+        try:
+            r = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            break
+        if r.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", r.stdout.strip()):
+            commit = r.stdout.strip()
+            break
+    _git_commit_cache = commit or os.environ.get("XMC_GIT_COMMIT", "") or "unknown"
+    return _git_commit_cache
+
+
+def _chunks(metrics: list, params: list, tags: list) -> Iterator[tuple[list, list, list]]:
+    """Split into log_batch-sized pieces: <= 100 params+tags, <= 1000 entities per call."""
+    pt = [("p", x) for x in params] + [("t", x) for x in tags]
+    i_pt = i_m = 0
+    while i_pt < len(pt) or i_m < len(metrics) or (i_pt == 0 and i_m == 0):
+        piece = pt[i_pt : i_pt + MAX_PARAMS_TAGS_PER_BATCH]
+        i_pt += len(piece)
+        room = MAX_ENTITIES_PER_BATCH - len(piece)
+        ms = metrics[i_m : i_m + room]
+        i_m += len(ms)
+        yield ms, [x for k, x in piece if k == "p"], [x for k, x in piece if k == "t"]
+        if not pt and not metrics:
+            return
+
+
+# ----------------------------------------------------------------------- store access
+
+
+def _client(uri: str):
+    _quiet_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _experiment_id(client, dataset: str, log=None) -> str:
+    name = dataset or "default"
+    exp = _retry(lambda: client.get_experiment_by_name(name), "get experiment", log)
+    if exp is None:
+        loc = artifact_root() / name
+        exp_id = _retry(
+            lambda: client.create_experiment(name, artifact_location=loc.as_uri(), tags={"xmc.dataset": name}),
+            "create experiment",
+            log,
+        )
+        return str(exp_id)
+    if exp.lifecycle_stage == "deleted":
+        _retry(lambda: client.restore_experiment(exp.experiment_id), "restore experiment", log)
+    return str(exp.experiment_id)
+
+
+def _find_parent(client, exp_id: str, dataset: str, method_key: str, log=None) -> str | None:
+    flt = (
+        f"tags.`xmc.run_type` = 'target' and tags.`xmc.dataset` = '{_q(dataset)}' "
+        f"and tags.`xmc.method` = '{_q(method_key)}'"
+    )
+    runs = _retry(
+        lambda: client.search_runs([exp_id], filter_string=flt, max_results=10, order_by=["attributes.start_time ASC"]),
+        "search parent",
+        log,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def _q(s: str) -> str:
+    return str(s).replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _get_or_create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None) -> str:
+    rid = _find_parent(client, exp_id, dataset, method_key, log)
+    if rid is not None:
+        return rid
+    tags = {
+        "xmc.run_type": "target",
+        "xmc.dataset": dataset,
+        "xmc.method": method_key,
+        "xmc.config_hash": config_hash or "",
+    }
+    run = _retry(lambda: client.create_run(exp_id, tags=tags, run_name=method_key), "create parent run", log)
+    return run.info.run_id
+
+
+# ----------------------------------------------------------------------- public API
+
+
+def log_stage(record: Mapping[str, Any], step_metrics: Iterable[tuple[str, float, int]] = (), log=None) -> str:
+    """Log one finished stage job as a child run of its target's parent run.
+
+    ``record`` is the harness's stage record (stage, rule, dataset, method, config_hash,
+    wall_s, peak_rss_mb, timings_s, params, metrics, outputs, tags, extra);
+    ``step_metrics`` are ``(name, value, step)`` training-curve points.  Returns the
+    child run id.  Raises :class:`RuntimeError` (naming the URI and the cause) if the
+    store cannot be written after bounded retries.
+    """
+    uri = tracking_uri()
+    try:
+        return _log_stage(uri, record, list(step_metrics), log)
+    except Exception as e:
+        if isinstance(e, RuntimeError) and str(e).startswith("MLflow tracking at"):
+            raise
+        raise RuntimeError(
+            f"MLflow tracking at {uri} failed for stage {record.get('rule') or record.get('stage')}: "
+            f"{type(e).__name__}: {e} (outputs kept; rerun the job, or set XMC_TRACKING=0 to skip tracking)"
+        ) from e
+
+
+def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> str:
+    _quiet_mlflow()
+    from mlflow.entities import Metric
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME
+
+    t_start = time.perf_counter()
+    stage = str(record.get("stage") or "")
+    rule = str(record.get("rule") or stage or "stage")
+    dataset = str(record.get("dataset") or "")
+    method = str(record.get("method") or "")
+    method_key = method or SHARED
+    config_hash = str(record.get("config_hash") or "")
+    commit = git_commit()
+
+    now_ms = int(time.time() * 1000)
+    wall = _float(record.get("wall_s")) or 0.0
+    start_ms = now_ms - int(max(wall, 0.0) * 1000)
+
+    # ---- everything that goes into the child run, prepared before taking the lock
+    params = flatten_params(record.get("params") or {})
+    for k, v in flatten_params(record.get("extra") or {}, prefix="extra.").items():
+        params.setdefault(k, v)
+    outputs = {str(k): str(v) for k, v in (record.get("outputs") or {}).items()}
+    for name, path in outputs.items():
+        params.setdefault(_clean_key(f"artifact.{name}"), _str_value(path, MAX_PARAM_VAL_LENGTH))
+
+    tags: dict[str, str] = {
+        MLFLOW_SOURCE_NAME: rule,
+        MLFLOW_GIT_COMMIT: commit,
+        "xmc.run_type": "stage",
+        "xmc.rule": rule,
+        "xmc.stage": stage,
+        "xmc.dataset": dataset,
+        "xmc.method": method_key,
+        "xmc.config_hash": config_hash,
+        "xmc.git_commit": commit,
+    }
+    for k, v in (record.get("tags") or {}).items():
+        tags.setdefault(_clean_key(k), _str_value(v, MAX_TAG_VAL_LENGTH))
+    for name, path in outputs.items():
+        tags[_clean_key(f"artifact.{name}")] = _str_value(path, MAX_TAG_VAL_LENGTH)
+
+    final: dict[str, float] = {}
+    for k, v in (record.get("metrics") or {}).items():
+        f = _float(v)
+        if f is None:
+            if log is not None:
+                log.warning("MLflow: metric %r is not a number (%r); not logged", k, v)
+            continue
+        final[_clean_key(k)] = f
+    for k in ("wall_s", "peak_rss_mb"):
+        f = _float(record.get(k))
+        if f is not None:
+            final[k] = f
+    for k, v in (record.get("timings_s") or {}).items():
+        f = _float(v)
+        if f is not None:
+            final[_clean_key(f"time_s.{k}")] = f
+    metrics = [Metric(k, v, now_ms, 0) for k, v in final.items()]
+    curve = []
+    for name, value, step in step_metrics:
+        f = _float(value)
+        if f is None:
+            continue
+        curve.append(Metric(_clean_key(name), f, now_ms, int(step)))
+
+    # ---- the store sequence
+    client = _client(uri)
+    whole = not _serialises_writes_itself(uri)
+    with _file_lock(uri):
+        # first store access in this process opens (and, for a new database, creates
+        # and migrates) the store: inside the lock.
+        exp_id = _experiment_id(client, dataset, log)
+        parent_id = _get_or_create_parent(client, exp_id, dataset, method_key, config_hash, log)
+        if whole:
+            run_id = _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metrics, curve, config_hash, log)
+    if not whole:
+        run_id = _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metrics, curve, config_hash, log)
+    if log is not None:
+        log.info(
+            "MLflow: logged run %s (%s/%s, parent %s) to %s in %.2f s",
+            run_id, dataset, method_key, parent_id, uri, time.perf_counter() - t_start,
+        )
+    return run_id
+
+
+def _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metrics, curve, config_hash, log) -> str:
+    from mlflow.entities import Param, RunTag
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    create_tags = {MLFLOW_PARENT_RUN_ID: parent_id, "xmc.run_type": "stage"}
+    run = _retry(
+        lambda: client.create_run(exp_id, start_time=start_ms, tags=create_tags, run_name=rule),
+        "create run",
+        log,
+    )
+    run_id = run.info.run_id
+    p_list = [Param(k, v) for k, v in params.items()]
+    t_list = [RunTag(k, v) for k, v in tags.items()]
+    all_metrics = list(metrics) + list(curve)
+    for ms, ps, ts in _chunks(all_metrics, p_list, t_list):
+        if ms or ps or ts:
+            _retry(lambda: client.log_batch(run_id, metrics=ms, params=ps, tags=ts, synchronous=True), "log_batch", log)
+    _retry(lambda: client.set_terminated(run_id, "FINISHED"), "terminate run", log)
+    # The parent spans all stage jobs of the target: keep its config hash current and
+    # mark it finished as of the latest stage (it is reopened by the next stage's log).
+    parent_tags = [RunTag("xmc.last_stage_run", run_id)]
+    if config_hash:
+        parent_tags.append(RunTag("xmc.config_hash", config_hash))
+    _retry(lambda: client.log_batch(parent_id, tags=parent_tags, synchronous=True), "tag parent", log)
+    _retry(lambda: client.set_terminated(parent_id, "FINISHED"), "terminate parent", log)
+    return run_id
+
+
+def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:
+    """Tag the (dataset, method) parent run with ``xmc.uses.<stage> = <run id>``.
+
+    ``run_ids`` maps shared stage names (e.g. ``tfidf``, ``cluster``) to the child run
+    ids returned by :func:`log_stage` for them.  The parent is created if missing.
+    Returns the parent run id.
+    """
+    uri = tracking_uri()
+    try:
+        from mlflow.entities import RunTag
+
+        client = _client(uri)
+        with _file_lock(uri):
+            exp_id = _experiment_id(client, dataset)
+            parent_id = _get_or_create_parent(client, exp_id, dataset, method or SHARED, "")
+            tags = [RunTag(_clean_key(f"xmc.uses.{k}"), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in run_ids.items()]
+            for i in range(0, len(tags), MAX_PARAMS_TAGS_PER_BATCH):
+                chunk = tags[i : i + MAX_PARAMS_TAGS_PER_BATCH]
+                _retry(lambda: client.log_batch(parent_id, tags=chunk, synchronous=True), "link shared")
+        return parent_id
+    except Exception as e:
+        if isinstance(e, RuntimeError) and str(e).startswith("MLflow tracking at"):
+            raise
+        raise RuntimeError(f"MLflow tracking at {uri} failed linking shared runs for {dataset}/{method}: {type(e).__name__}: {e}") from e
+
+
+def parent_run_id(dataset: str, method: str) -> str | None:
+    """The parent run id of the (dataset, method) target (``method=""`` -> shared), or None."""
+    uri = tracking_uri()
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None  # do not create a database just to look something up
+    client = _client(uri)
+    with _file_lock(uri):
+        exp = _retry(lambda: client.get_experiment_by_name(dataset or "default"), "get experiment")
+        if exp is None:
+            return None
+        return _find_parent(client, str(exp.experiment_id), dataset, method or SHARED)

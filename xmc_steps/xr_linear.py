@@ -1,0 +1,442 @@
+"""XR-Linear: a linear model per level of a label tree, beam search to predict.
+
+PECOS XR-Linear / X-Transformer §3.4 with TF-IDF features.  Given a
+:class:`~xmc_steps.cluster.ClusterTree` with matrices ``C[0..T-1]`` (``C[t]`` maps the
+nodes of level ``t+1`` to their parents at level ``t``; level 0 is the root, level ``T``
+the labels), the model holds one ranker matrix ``W[t]`` (``(d+1) x n_{t+1}``, last row the
+bias) per level:
+
+* ``W[0]`` scores the coarsest clusters and is trained on all instances;
+* ``W[t]`` (t >= 1) scores the children of each level-``t`` node, each node's children
+  trained on the instances the negative-sampling mask selects for that node
+  (:mod:`xmc_steps.negatives`): TFN = ``Y C_t`` (instances with a positive label under
+  the node), MAN = the model's own top-``beam`` beam-search predictions at level ``t``
+  on the training data, or both ("tfn+man", the default, as PECOS).
+
+Prediction is beam search: a node's score is its parent's score times
+``transform(w . [x; bias])``; ``beam`` nodes per level are kept, and the labels under the
+final beam are ranked, ``topk`` per document.  Transforms: ``sigmoid``,
+``l2-hinge`` = ``exp(-max(0, 1-z)^2)``, ``l3-hinge`` = ``exp(-max(0, 1-z)^3)``.
+
+The matching step is reusable by other methods: :func:`beam_search` takes any
+per-level scorer, :func:`expand_children` / :func:`topk_per_row` are the two building
+blocks ("children of the beam" and "top-b per row"), and :func:`linear_scorer` is the
+masked sparse product this model plugs in.
+
+CLI::
+
+    python -m xmc_steps.xr_linear train --features X.npz [--features X2.npz ...] \
+        --labels Y.npz [--labels Y2.npz ...] --tree tree.npz --out model_dir --params '{...}'
+    python -m xmc_steps.xr_linear predict --model model_dir --features X_test.npz \
+        --out predictions.parquet --params '{"beam": 10, "topk": 100}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import io
+from .cluster import ClusterTree
+from .negatives import binarize, combine
+from .ranker import RankerParams, append_bias, train_rankers
+from .stage import StageError, add_common_args, cli_main, stage_run
+
+FORMAT = "xmc-xr-linear-v1"
+TRANSFORMS = ("sigmoid", "l2-hinge", "l3-hinge", "identity")
+
+
+# --------------------------------------------------------------------------- scoring pieces
+
+
+def transform(z: np.ndarray, kind: str = "l3-hinge") -> np.ndarray:
+    """Map raw ranker scores to (0, 1] (``identity`` leaves them as they are)."""
+    z = np.asarray(z, dtype=np.float32)
+    if kind == "l3-hinge":
+        h = np.maximum(0.0, 1.0 - z)
+        return np.exp(-(h * h * h))
+    if kind == "l2-hinge":
+        h = np.maximum(0.0, 1.0 - z)
+        return np.exp(-(h * h))
+    if kind == "sigmoid":
+        return (1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))).astype(np.float32)
+    if kind == "identity":
+        return z
+    raise ValueError(f"unknown transform {kind!r}; expected one of {TRANSFORMS}")
+
+
+def topk_per_row(M: sp.spmatrix, k: int) -> sp.csr_matrix:
+    """Keep the ``k`` largest entries of each row of ``M`` (ties -> lower column index).
+
+    Works on a CSR score matrix (e.g. a matcher's cluster scores) or a dense array; the
+    result is CSR with sorted indices.  This is the "top-b clusters" of a matcher.
+    """
+    if not sp.issparse(M):
+        A = np.asarray(M, dtype=np.float32)
+        n, m = A.shape
+        k = min(k, m)
+        if k <= 0:
+            return sp.csr_matrix((n, m), dtype=np.float32)
+        part = np.argpartition(-A, k - 1, axis=1)[:, :k] if k < m else np.tile(np.arange(m), (n, 1))
+        part.sort(axis=1)
+        vals = np.take_along_axis(A, part, axis=1)
+        out = sp.csr_matrix((vals.ravel(), part.ravel(), np.arange(0, n * k + 1, k)), shape=(n, m))
+        return out
+    M = sp.csr_matrix(M)
+    n = M.shape[0]
+    lens = np.diff(M.indptr)
+    if k <= 0:
+        return sp.csr_matrix(M.shape, dtype=M.dtype)
+    if lens.max(initial=0) <= k:
+        out = M.copy()
+        out.sort_indices()
+        return out
+    rows = np.repeat(np.arange(n), lens)
+    order = np.lexsort((M.indices, -M.data, rows))
+    rank = np.arange(M.nnz) - M.indptr[rows[order]]
+    keep = np.sort(order[rank < k])
+    new_lens = np.minimum(lens, k)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(new_lens, out=indptr[1:])
+    out = sp.csr_matrix((M.data[keep], M.indices[keep], indptr), shape=M.shape)
+    out.sort_indices()
+    return out
+
+
+def expand_children(beam: sp.csr_matrix, C_t: sp.csr_matrix) -> sp.csr_matrix:
+    """Candidates at level ``t+1``: the children of each row's beam nodes at level ``t``.
+
+    ``beam`` is ``N x n_t`` (scores of the kept nodes), ``C_t`` is ``n_{t+1} x n_t``; the
+    result is ``N x n_{t+1}``, each child carrying its parent's score.
+    """
+    out = (sp.csr_matrix(beam) @ C_t.T.tocsr()).tocsr()
+    out.sort_indices()
+    return out
+
+
+def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
+                   budget: int = 1 << 22) -> np.ndarray:
+    """``(Xa @ Wc)[i, j]`` for every stored entry ``(i, j)`` of ``cand``, in ``cand``'s order.
+
+    Rows are processed in batches; each batch multiplies only the columns of ``Wc``
+    that the batch's candidates use.  ``budget`` bounds the dense block per batch.
+    """
+    cand = sp.csr_matrix(cand)
+    n = cand.shape[0]
+    out = np.zeros(cand.nnz, dtype=np.float32)
+    lens = np.diff(cand.indptr)
+    r0 = 0
+    while r0 < n:
+        # grow the batch until the candidate count reaches the budget's square root scale
+        r1 = r0 + 1
+        acc = lens[r0]
+        target = max(256, int(np.sqrt(budget)) * 4)
+        while r1 < n and acc + lens[r1] <= target:
+            acc += lens[r1]
+            r1 += 1
+        a, b = cand.indptr[r0], cand.indptr[r1]
+        if b > a:
+            idx = cand.indices[a:b]
+            cols, local = np.unique(idx, return_inverse=True)
+            Z = (Xa[r0:r1] @ Wc[:, cols]).tocsr()
+            rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
+            if (r1 - r0) * len(cols) <= budget:
+                out[a:b] = Z.toarray()[rows, local]
+            else:
+                out[a:b] = np.asarray(Z[rows, local]).ravel()
+        r0 = r1
+    return out
+
+
+def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hinge") -> Callable:
+    """A :func:`beam_search` scorer for linear rankers: ``parent * transform(w . x)``."""
+    Wcs = [sp.csc_matrix(W) for W in Ws]
+
+    def score(t: int, cand: sp.csr_matrix) -> sp.csr_matrix:
+        z = masked_product(Xa, Wcs[t], cand)
+        out = cand.copy()
+        out.data = (cand.data * transform(z, kind)).astype(np.float32)
+        return out
+
+    return score
+
+
+def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matrix], sp.csr_matrix],
+                n: int, beam: int = 10, topk: int = 100, levels: int | None = None,
+                start: sp.csr_matrix | None = None) -> sp.csr_matrix:
+    """Beam search down a tree given by ``C`` (see :class:`~xmc_steps.cluster.ClusterTree`).
+
+    ``score_level(t, cand)`` receives the ``N x n_{t+1}`` candidates (children of the
+    beam, data = parent score) and returns the same pattern with the nodes' scores.
+    ``levels`` stops after that many levels (default: all, down to the labels) and
+    ``start`` resumes from a beam at level ``T0`` (then ``C`` should begin at ``T0``).
+    The last level keeps ``topk`` per row, the others ``beam``.
+    """
+    T = len(C) if levels is None else levels
+    cur = start if start is not None else sp.csr_matrix(
+        (np.ones(n, np.float32), np.zeros(n, np.int32), np.arange(n + 1)), shape=(n, 1))
+    for t in range(T):
+        cand = expand_children(cur, C[t])
+        scored = score_level(t, cand)
+        cur = topk_per_row(scored, topk if t == len(C) - 1 else beam)
+    return cur
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class XRLinearParams:
+    """Training parameters: the ranker's (:class:`RankerParams`) plus the MAN beam."""
+
+    C: float = 1.0
+    threshold: float = 0.1
+    tol: float = 0.1
+    max_iter: int = 100
+    negatives: str = "tfn+man"
+    threads: int = 1
+    bias: float = 1.0
+    seed: int = 0
+    beam: int = 10  # beam of the model's own predictions used as MAN negatives
+    transform: str = "l3-hinge"  # score transform for MAN and the default for prediction
+
+    def __post_init__(self) -> None:
+        self.ranker()  # validates the ranker fields
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {self.beam}")
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
+
+    def ranker(self) -> RankerParams:
+        names = {f.name for f in fields(RankerParams)}
+        return RankerParams(**{k: v for k, v in asdict(self).items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "XRLinearParams":
+        d = dict(d or {})
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown xr-linear parameter(s): {sorted(unknown)}")
+        types = {f.name: str(f.type) for f in fields(cls)}
+        conv = {"float": float, "int": int, "str": str}
+        return cls(**{k: conv[types[k]](v) for k, v in d.items()})
+
+
+class XRLinearModel:
+    """A :class:`ClusterTree` and one ranker matrix per level (``W[t]``: ``(d+1) x n_{t+1}``)."""
+
+    def __init__(self, tree: ClusterTree, W: list[sp.csr_matrix], params: XRLinearParams | None = None):
+        if len(W) != tree.depth:
+            raise ValueError(f"need {tree.depth} weight matrices, got {len(W)}")
+        for t, w in enumerate(W):
+            if w.shape[1] != tree.level_sizes[t + 1]:
+                raise ValueError(f"W[{t}] has {w.shape[1]} columns, level {t + 1} has {tree.level_sizes[t + 1]} nodes")
+        self.tree = tree
+        self.W = [sp.csr_matrix(w, dtype=np.float32) for w in W]
+        self.params = params or XRLinearParams()
+
+    @property
+    def n_features(self) -> int:
+        return self.W[0].shape[0] - 1
+
+    @property
+    def n_labels(self) -> int:
+        return self.tree.n_labels
+
+    # -- training
+    @classmethod
+    def train(cls, X: sp.spmatrix, Y: sp.spmatrix, tree: ClusterTree,
+              params: XRLinearParams | dict | None = None, log=None) -> "XRLinearModel":
+        p = params if isinstance(params, XRLinearParams) else XRLinearParams.from_dict(params)
+        rp = p.ranker()
+        X = sp.csr_matrix(X, dtype=np.float32)
+        Y = binarize(Y)
+        N = X.shape[0]
+        if Y.shape[0] != N:
+            raise ValueError(f"X has {N} rows but Y has {Y.shape[0]}")
+        if Y.shape[1] != tree.n_labels:
+            raise ValueError(f"Y has {Y.shape[1]} labels but the tree has {tree.n_labels}")
+        Xa = append_bias(X, p.bias)
+        T = tree.depth
+        W: list[sp.csr_matrix] = []
+        beam_t = sp.csr_matrix((np.ones(N, np.float32), np.zeros(N, np.int32), np.arange(N + 1)), shape=(N, 1))
+        need_man = p.negatives in ("man", "tfn+man")
+        for t in range(T):
+            t0 = time.perf_counter()
+            Y_next = Y if t + 1 == T else binarize(Y @ tree.label_to_cluster(t + 1))
+            parent = tree.parents(t + 1)
+            if t == 0:
+                mask = None
+            else:
+                if need_man:
+                    # the model's own top-b predictions at level t (extend last level's beam)
+                    scorer = linear_scorer(Xa, [W[t - 1]], p.transform)
+                    cand = expand_children(beam_t, tree.C[t - 1])
+                    beam_t = topk_per_row(scorer(0, cand), p.beam)
+                mask = combine(p.negatives, Y, tree.label_to_cluster(t), beam_t if need_man else None)
+            W.append(train_rankers(X, Y_next, parent, mask, rp))
+            if log:
+                avg = mask.sum() / max(N, 1) if mask is not None else 1.0
+                log.info("level %d/%d: %d nodes, %.1f clusters/instance in mask, W nnz %d, %.1f s",
+                         t + 1, T, Y_next.shape[1], avg, W[-1].nnz, time.perf_counter() - t0)
+        return cls(tree, W, p)
+
+    # -- prediction
+    def predict(self, X: sp.spmatrix, beam: int = 10, topk: int = 100, transform: str | None = None,
+                batch_size: int = 8192) -> sp.csr_matrix:
+        """Beam search; CSR ``N x L`` with at most ``topk`` scores per row."""
+        X = sp.csr_matrix(X, dtype=np.float32)
+        if X.shape[1] != self.n_features:
+            raise ValueError(f"X has {X.shape[1]} features, the model {self.n_features}")
+        kind = transform or self.params.transform
+        Xa = append_bias(X, self.params.bias)
+        parts = []
+        for r0 in range(0, X.shape[0], batch_size):
+            Xb = Xa[r0:r0 + batch_size]
+            parts.append(beam_search(self.tree.C, linear_scorer(Xb, self.W, kind), Xb.shape[0], beam, topk))
+        if not parts:
+            return sp.csr_matrix((0, self.n_labels), dtype=np.float32)
+        out = sp.vstack(parts, format="csr")
+        out.sort_indices()
+        return out
+
+    def predict_clusters(self, X: sp.spmatrix, level: int = -1, beam: int = 10, transform: str | None = None) -> sp.csr_matrix:
+        """Top-``beam`` nodes at cluster ``level`` (default the finest): the matcher output."""
+        X = sp.csr_matrix(X, dtype=np.float32)
+        T = self.tree.depth
+        lev = T + level if level < 0 else level
+        Xa = append_bias(X, self.params.bias)
+        return beam_search(self.tree.C[:lev], linear_scorer(Xa, self.W, transform or self.params.transform),
+                           X.shape[0], beam, beam)
+
+    # -- persistence
+    def save(self, path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.tree.save(path / "tree.npz")
+        for t, w in enumerate(self.W):
+            io.save_csr(path / f"W_{t}.npz", w)
+        io.write_json(path / "params.json", {
+            "format": FORMAT, "depth": self.tree.depth, "n_features": self.n_features,
+            "n_labels": self.n_labels, "level_sizes": self.tree.level_sizes, "params": self.params.to_dict()})
+
+    @classmethod
+    def load(cls, path) -> "XRLinearModel":
+        path = Path(path)
+        meta = io.read_json(path / "params.json")
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: not an xr-linear model ({FORMAT})")
+        tree = ClusterTree.load(path / "tree.npz")
+        W = [io.load_csr(path / f"W_{t}.npz") for t in range(int(meta["depth"]))]
+        return cls(tree, W, XRLinearParams.from_dict(meta["params"]))
+
+    def size_bytes(self) -> int:
+        return int(sum(w.data.nbytes + w.indices.nbytes + w.indptr.nbytes for w in self.W))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _stack(paths: list[str]) -> sp.csr_matrix:
+    mats = [io.load_csr(p) for p in paths]
+    return mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
+
+
+def _train_cli(args) -> None:
+    with stage_run("xr_linear_train", args) as st:
+        if len(args.features) != len(args.labels):
+            raise StageError("give as many --labels as --features")
+        try:
+            params = XRLinearParams.from_dict(st.params)
+        except (ValueError, TypeError) as e:
+            raise StageError(str(e)) from e
+        st.params.clear()
+        st.params.update(params.to_dict())
+        with st.timed("load"):
+            X = _stack(args.features)
+            Y = _stack(args.labels)
+            tree = ClusterTree.load(args.tree)
+        if X.shape[0] != Y.shape[0]:
+            raise StageError(f"features have {X.shape[0]} rows but labels have {Y.shape[0]}")
+        if Y.shape[1] != tree.n_labels:
+            raise StageError(f"labels have {Y.shape[1]} columns but the tree has {tree.n_labels} labels")
+        st.log.info("training xr-linear: %d instances, %d features, %d labels, tree %s, params %s",
+                    X.shape[0], X.shape[1], Y.shape[1], tree.level_sizes, params.to_dict())
+        with st.timed("train"):
+            model = XRLinearModel.train(X, Y, tree, params, log=st.log)
+        out = Path(args.out)
+        st.output("model", str(out))
+        # write into a temporary sibling folder, then rename: no half-written model dir
+        tmp = out.parent / f".{out.name}.tmp"
+        if tmp.exists():
+            import shutil
+            shutil.rmtree(tmp)
+        model.save(tmp)
+        if out.exists():
+            import shutil
+            shutil.rmtree(out)
+        tmp.rename(out)
+        st.metric("model_nnz", sum(w.nnz for w in model.W))
+        st.metric("model_bytes", model.size_bytes())
+
+
+def _predict_cli(args) -> None:
+    with stage_run("xr_linear_predict", args, outputs=[args.out]) as st:
+        cfg = {"beam": 10, "topk": 100, "transform": None}
+        unknown = set(st.params) - set(cfg)
+        if unknown:
+            raise StageError(f"unknown predict parameter(s): {sorted(unknown)}")
+        cfg.update(st.params)
+        try:
+            model = XRLinearModel.load(args.model)
+        except (OSError, ValueError) as e:
+            raise StageError(f"cannot load model {args.model}: {e}") from e
+        X = _stack(args.features)
+        if X.shape[1] != model.n_features:
+            raise StageError(f"features have {X.shape[1]} columns, the model expects {model.n_features}")
+        cfg["transform"] = cfg["transform"] or model.params.transform
+        st.params.update(cfg)
+        t0 = time.perf_counter()
+        with st.timed("predict"):
+            P = model.predict(X, beam=int(cfg["beam"]), topk=int(cfg["topk"]), transform=cfg["transform"])
+        dt = time.perf_counter() - t0
+        st.metric("predict_s", dt)
+        st.metric("latency_ms_per_doc", 1000.0 * dt / max(X.shape[0], 1))
+        st.log.info("predicted %d documents in %.2f s", X.shape[0], dt)
+        io.write_predictions(args.out, P, int(cfg["topk"]))
+        st.output("predictions", args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.xr_linear", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train an XR-Linear model")
+    t.add_argument("--features", required=True, action="append", help="features (.npz CSR); repeat to stack rows")
+    t.add_argument("--labels", required=True, action="append", help="labels (.npz CSR); repeat in the same order")
+    t.add_argument("--tree", required=True, help="cluster tree (.npz, xmc_steps.cluster)")
+    t.add_argument("--out", required=True, help="model folder")
+    add_common_args(t)
+    pr = sub.add_parser("predict", help="predict top-k labels")
+    pr.add_argument("--model", required=True, help="model folder")
+    pr.add_argument("--features", required=True, action="append", help="features (.npz CSR)")
+    pr.add_argument("--out", required=True, help="predictions (.parquet)")
+    add_common_args(pr)
+    args = p.parse_args(argv)
+    if args.cmd == "train":
+        _train_cli(args)
+    else:
+        _predict_cli(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))
