@@ -1,5 +1,6 @@
 # Shared helpers: config validation at start-up, effective settings, paths.
 import json
+import os
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -8,6 +9,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 sys.path.insert(0, workflow.basedir)
+# stage CLIs run as `python -m xmc_steps...` from any working directory
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [workflow.basedir, os.environ.get("PYTHONPATH", "")] if p)
 from xmc_steps import config as xcfg  # noqa: E402
 from xmc_steps import datasets as xds  # noqa: E402
 
