@@ -1,0 +1,475 @@
+"""The evaluate stage: predictions + truth -> ``results/{dataset}/{method}.json`` and a plot.
+
+CLI::
+
+    python -m xmc_steps.evaluate \\
+        --predictions test_predictions.parquet --truth Y_test.npz \\
+        --train-labels Y_train.npz --labels labels.parquet \\
+        --stage-records rec1.json rec2.json ... \\
+        --out results/{dataset}/{method}.json \\
+        --plot results/{dataset}/{method}_decile_recall.png \\
+        [--reported paper.json] [--effective-config config.json] [--schema S.json] \\
+        [--log ... --record ... --params '{"propensity_A": .., "propensity_B": ..}' \\
+         --dataset D --method M --rule evaluate --config-hash H --no-tracking]
+
+What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
+
+* metrics as **percentages** (:func:`xmc_steps.metrics.all_metrics`); inverse
+  propensities from ``--train-labels`` (N = its rows, N_l = its column counts) with
+  the dataset's (A, B) (:func:`xmc_steps.metrics.propensity_constants`, overridable
+  through ``--params``); label deciles from the same training frequencies (a
+  mismatch with ``labels.parquet``'s ``train_freq`` is logged as a warning);
+* per-stage wall time and peak memory, copied from the stage records;
+  ``total_train_time_s`` sums the records of phase ``train`` (see
+  :func:`record_phase`);
+* ``model_size_bytes``: total size of the files (recursively for folders) listed in
+  the records' ``extra.model_paths`` (0 when no record lists any);
+* ``predict_latency_ms_per_doc``: ``metrics.predict_latency_ms_per_doc`` of the
+  record(s) that carry it, summed when several do (an ensemble runs each member);
+  ``null`` when none does;
+* the effective config (``--effective-config`` JSON) and ``--config-hash``,
+  package versions, device, MLflow run ids (this stage's and the parent run's),
+  and the paper's reported figures (``--reported``; see :func:`select_reported`).
+
+The result is validated against ``workflow/schemas/results.schema.json`` before
+anything is written; the plot and the JSON are written atomically, and the stage
+harness removes both if anything fails.  The evaluate stage's own MLflow run id only
+exists once the harness has finished, so when tracking is on and ``--record`` is
+given, the JSON is rewritten (atomically, validated again) with that id afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import importlib.util
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import io
+from . import metrics as xm
+from .stage import StageError, add_common_args, cli_main, stage_run
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "results.schema.json"
+SCHEMA_VERSION = 1
+N_BINS = 10
+
+#: Phases a stage record can declare in ``extra.phase``.
+PHASES = ("data", "train", "predict", "eval")
+_DATA_STAGES = {"prepare", "prepare_debtags", "ingest"}
+
+
+# --------------------------------------------------------------------------- stage records
+
+
+def load_stage_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Read stage-record JSON files (written by :func:`xmc_steps.stage.stage_run`)."""
+    out = []
+    for p in paths:
+        try:
+            rec = io.read_json(p)
+        except FileNotFoundError as e:
+            raise StageError(f"stage record not found: {p}") from e
+        except json.JSONDecodeError as e:
+            raise StageError(f"stage record {p} is not valid JSON: {e}") from e
+        if not isinstance(rec, dict) or "wall_s" not in rec or "peak_rss_mb" not in rec:
+            raise StageError(f"{p} is not a stage record (needs wall_s and peak_rss_mb)")
+        rec = dict(rec)
+        rec["_path"] = str(p)
+        out.append(rec)
+    return out
+
+
+def record_phase(record: Mapping[str, Any]) -> str:
+    """The phase a record counts towards: ``data``, ``train``, ``predict`` or ``eval``.
+
+    ``extra.phase`` wins when the stage declares it.  Otherwise, by stage/rule name:
+    ``prepare``/``prepare_debtags``/``ingest`` (or a name starting with ``data``) are
+    ``data``; a name containing ``predict`` is ``predict``; one containing ``eval``
+    is ``eval``; everything else (features such as TF-IDF and tokenisation, label
+    embedding, clustering, matcher, ranker, calibration, ...) is ``train``.  Only
+    ``train`` records add up to ``total_train_time_s``.
+    """
+    phase = (record.get("extra") or {}).get("phase")
+    if phase in PHASES:
+        return phase
+    names = {str(record.get("stage") or ""), str(record.get("rule") or "")}
+    if any(n in _DATA_STAGES or n.startswith("data") for n in names):
+        return "data"
+    if any("predict" in n for n in names):
+        return "predict"
+    if any("eval" in n for n in names):
+        return "eval"
+    return "train"
+
+
+def path_size(path: str | os.PathLike) -> int:
+    """Size in bytes of a file, or of every file under a folder."""
+    p = Path(path)
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return p.stat().st_size
+
+
+def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, Any]:
+    """Per-stage table, train/total wall time, peak memory, model size, prediction latency."""
+    stages, model_paths = [], []
+    latency = None
+    for r in records:
+        extra = r.get("extra") or {}
+        stages.append({
+            "stage": str(r.get("stage", "")),
+            "rule": str(r.get("rule", "") or r.get("stage", "")),
+            "phase": record_phase(r),
+            "wall_s": float(r["wall_s"]),
+            "peak_rss_mb": float(r["peak_rss_mb"]),
+            "mlflow_run_id": r.get("mlflow_run_id"),
+            "device": extra.get("device"),
+            "record": r.get("_path", ""),
+        })
+        for mp in extra.get("model_paths") or []:
+            if str(mp) not in model_paths:
+                model_paths.append(str(mp))
+        lat = (r.get("metrics") or {}).get("predict_latency_ms_per_doc")
+        if lat is not None:
+            latency = (latency or 0.0) + float(lat)
+    size = 0
+    for mp in model_paths:
+        try:
+            size += path_size(mp)
+        except FileNotFoundError:
+            if log:
+                log.warning("model path %s listed in a stage record does not exist; not counted", mp)
+    return {
+        "stages": stages,
+        "total_train_time_s": round(sum(s["wall_s"] for s in stages if s["phase"] == "train"), 3),
+        "total_wall_s": round(sum(s["wall_s"] for s in stages), 3),
+        "peak_rss_mb": max((s["peak_rss_mb"] for s in stages), default=0.0),
+        "model_size_bytes": int(size),
+        "model_paths": model_paths,
+        "predict_latency_ms_per_doc": latency,
+    }
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return None
+    dist = {"sklearn": "scikit-learn"}.get(module, module)
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        if importlib.util.find_spec(module) is None:
+            return None
+        mod = importlib.import_module(module)
+        return str(getattr(mod, "__version__", "unknown"))
+
+
+def collect_versions() -> dict[str, str | None]:
+    """Versions of python, numpy, scipy, torch, sklearn, xmc_steps (None: not installed)."""
+    from . import __version__ as xmc_version
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": _version("scipy") or "unknown",
+        "torch": _version("torch"),
+        "sklearn": _version("sklearn"),
+        "pyarrow": _version("pyarrow"),
+        "xmc_steps": xmc_version,
+    }
+
+
+def detect_device() -> str:
+    """``cuda:<name>`` when torch sees a GPU, else ``cpu`` (torch absent: ``cpu``)."""
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.get_device_name(0)}"
+    except Exception:  # a broken CUDA install must not fail the evaluation
+        pass
+    return "cpu"
+
+
+def parent_run_id(dataset: str, method: str, log=None) -> str | None:
+    """The MLflow parent run of (dataset, method), via ``xmc_steps.tracking`` if present."""
+    try:
+        from . import tracking
+
+        return tracking.parent_run_id(dataset, method)
+    except (ImportError, AttributeError):
+        return None
+    except Exception as e:  # tracking trouble must not lose the results
+        if log:
+            log.warning("could not look up the MLflow parent run: %s", e)
+        return None
+
+
+def tracking_enabled(args: argparse.Namespace) -> bool:
+    return not getattr(args, "no_tracking", False) and os.environ.get("XMC_TRACKING", "1") != "0"
+
+
+# --------------------------------------------------------------------------- reported figures
+
+
+def select_reported(obj: Any, dataset: str, method: str) -> dict[str, Any] | None:
+    """The paper's figures for (dataset, method) from a ``--reported`` JSON document.
+
+    Accepted layouts: ``{dataset: {method: {...}}}`` (the whole table), ``{method:
+    {...}}`` (one dataset's file) and a flat ``{...}`` of figures (already selected).
+    A flat object is recognised by having no object-valued entry other than
+    ``"source"``-like metadata.  Returns ``None`` when the pair is absent.
+    """
+    if not isinstance(obj, dict) or not obj:
+        return None
+    if dataset in obj and isinstance(obj[dataset], dict):
+        obj = obj[dataset]
+        if method in obj and isinstance(obj[method], dict):
+            return dict(obj[method])
+        return None
+    if method in obj and isinstance(obj[method], dict):
+        return dict(obj[method])
+    if any(isinstance(v, dict) for v in obj.values()):
+        return None  # a table that lacks this dataset/method
+    return dict(obj)
+
+
+# --------------------------------------------------------------------------- schema, plot
+
+
+def load_schema(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    p = Path(path) if path else SCHEMA_PATH
+    try:
+        return io.read_json(p)
+    except FileNotFoundError as e:
+        raise StageError(f"results schema not found: {p}") from e
+
+
+def validate_result(result: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    """Raise :class:`StageError` listing every violation of the results schema."""
+    import jsonschema
+
+    # Round-trip through JSON so numpy scalars etc. are validated as they will be written.
+    doc = json.loads(json.dumps(result, default=io._json_default))
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        msgs = "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors[:10])
+        raise StageError(f"result does not match the results schema: {msgs}")
+
+
+def plot_decile_recall(deciles: list[float], path: str | os.PathLike, title: str, total: float | None = None) -> None:
+    """Bar chart of the per-decile contribution to recall@100, written atomically (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    x = np.arange(1, len(deciles) + 1)
+    ax.bar(x, deciles, color="#3b75af")
+    ax.set_xticks(x)
+    ax.set_xlabel("label decile by training frequency (1 = head, %d = tail)" % len(deciles))
+    ax.set_ylabel("contribution to recall@100 (%)")
+    ax.set_title(title + (f"  (R@100 = {total:.2f})" if total is not None else ""), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    try:
+        with io.atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _read_inputs(args: argparse.Namespace, log):
+    for flag, path in (("--predictions", args.predictions), ("--truth", args.truth),
+                       *(("--train-labels", p) for p in args.train_labels), ("--labels", args.labels)):
+        if not Path(path).is_file():
+            raise StageError(f"{flag} file not found: {path}")
+    try:
+        labels = io.read_table(args.labels)
+    except (FileNotFoundError, OSError) as e:
+        raise StageError(f"cannot read labels table {args.labels}: {e}") from e
+    L = labels.num_rows
+    if L < 1:
+        raise StageError(f"{args.labels} has no labels")
+    truth = io.load_csr(args.truth)
+    Y_train = sp.vstack([io.load_csr(p) for p in args.train_labels]).tocsr()
+    if truth.shape[1] != L:
+        raise StageError(f"{args.truth} has {truth.shape[1]} label columns, {args.labels} has {L} labels")
+    if Y_train.shape[1] != L:
+        raise StageError(f"{' + '.join(args.train_labels)} have {Y_train.shape[1]} label columns, {args.labels} has {L} labels")
+    docs = np.asarray(io.read_table(args.predictions, columns=["doc"]).column("doc").to_numpy())
+    if docs.shape[0] != truth.shape[0] or not np.array_equal(docs, np.arange(truth.shape[0])):
+        raise StageError(
+            f"{args.predictions} must have one row per test document in order (doc = 0..{truth.shape[0] - 1}); "
+            f"got {docs.shape[0]} rows"
+        )
+    try:
+        scores = io.read_predictions(args.predictions, L)
+    except ValueError as e:
+        raise StageError(f"{args.predictions}: bad label indices for {L} labels: {e}") from e
+    if scores.nnz and (scores.indices.min() < 0 or scores.indices.max() >= L):
+        raise StageError(f"{args.predictions}: label index outside 0..{L - 1}")
+    freq = xm.label_frequency(Y_train)
+    if "train_freq" in labels.column_names:
+        tf = np.asarray(labels.column("train_freq").to_numpy())
+        if tf.shape[0] == L and not np.array_equal(tf.astype(np.int64), freq):
+            log.warning("labels.parquet train_freq differs from the column counts of %s; using the latter",
+                        " + ".join(args.train_labels))
+    return scores, truth, Y_train, freq, L
+
+
+def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
+    """Compute the result document (validated by the caller)."""
+    log = st.log
+    dataset = args.dataset or Path(args.out).parent.name
+    method = args.method or Path(args.out).stem
+    params = st.params
+    A_def, B_def = xm.propensity_constants(dataset)
+    A = float(params.get("propensity_A", A_def))
+    B = float(params.get("propensity_B", B_def))
+    st.params.update({"propensity_A": A, "propensity_B": B})
+
+    with st.timed("read"):
+        scores, truth, Y_train, freq, L = _read_inputs(args, log)
+    n_test = truth.shape[0]
+    pred_k = int(np.diff(scores.indptr).max()) if n_test else 0
+    if pred_k < 100:
+        log.warning("predictions hold at most %d labels per document: recall@100 is over fewer than 100", pred_k)
+
+    with st.timed("metrics"):
+        w = xm.inverse_propensity(Y_train, A=A, B=B)
+        try:
+            m = xm.all_metrics(scores, truth, w, freq, n_bins=N_BINS)
+        except ValueError as e:
+            raise StageError(f"cannot evaluate: {e}") from e
+    n_empty = xm.n_docs_without_labels(truth)
+    if n_empty:
+        log.info("%d of %d test documents have no label; excluded from the averages", n_empty, n_test)
+
+    bins = xm.label_deciles(freq, N_BINS)
+    bin_freq = [freq[bins == b] for b in range(N_BINS)]
+    records = load_stage_records(args.stage_records or [])
+    summary = summarise_stages(records, log=log)
+
+    config = None
+    if args.effective_config:
+        try:
+            config = io.read_json(args.effective_config)
+        except (FileNotFoundError, json.JSONDecodeError) as e:
+            raise StageError(f"cannot read --effective-config {args.effective_config}: {e}") from e
+        if not isinstance(config, dict):
+            raise StageError("--effective-config must hold a JSON object")
+    reported = None
+    if args.reported:
+        try:
+            reported = select_reported(io.read_json(args.reported), dataset, method)
+        except (FileNotFoundError, json.JSONDecodeError) as e:
+            raise StageError(f"cannot read --reported {args.reported}: {e}") from e
+
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "dataset": dataset,
+        "method": method,
+        "metrics": m,
+        "metric_units": "percent",
+        "n_test_docs": int(n_test),
+        "n_test_docs_without_labels": int(n_empty),
+        "n_labels": int(L),
+        "n_train_docs": int(Y_train.shape[0]),
+        "prediction_k": pred_k,
+        "propensity": {"A": A, "B": B},
+        "decile_bins": {
+            "n_bins": N_BINS,
+            "label_counts": [int(f.size) for f in bin_freq],
+            "train_freq_max": [int(f.max()) if f.size else None for f in bin_freq],
+            "train_freq_min": [int(f.min()) if f.size else None for f in bin_freq],
+        },
+        **summary,
+        "config": config,
+        "config_hash": args.config_hash or "",
+        "versions": collect_versions(),
+        "device": detect_device(),
+        "mlflow": {
+            "evaluate_run_id": None,
+            "parent_run_id": parent_run_id(dataset, method, log) if tracking_enabled(args) else None,
+        },
+        "reported": reported,
+        "plot": str(args.plot),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--predictions", required=True, help="test predictions Parquet (doc, labels, scores)")
+    p.add_argument("--truth", required=True, help="test label matrix Y_test.npz (CSR)")
+    p.add_argument("--train-labels", nargs="+", required=True,
+                   help="training label matrices (CSR NPZ, rows stacked: train and valid)")
+    p.add_argument("--labels", required=True, help="labels.parquet (label_id, label_text, train_freq)")
+    p.add_argument("--stage-records", nargs="*", default=[], help="stage record JSON files of this method")
+    p.add_argument("--out", required=True, help="results JSON (results/{dataset}/{method}.json)")
+    p.add_argument("--plot", required=True, help="decile-recall bar chart PNG")
+    p.add_argument("--reported", help="JSON with the papers' reported figures (optional)")
+    p.add_argument("--effective-config", help="JSON file holding the effective config (optional)")
+    p.add_argument("--schema", help="results JSON schema (default: workflow/schemas/results.schema.json)")
+    add_common_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    schema = load_schema(args.schema)
+    result: dict[str, Any] = {}
+    with stage_run("evaluate", args, outputs=[args.out, args.plot]) as st:
+        result = evaluate(args, st)
+        validate_result(result, schema)
+        for key in xm.METRIC_KEYS:
+            st.metric(key, result["metrics"][key])
+        for i, v in enumerate(result["metrics"][xm.DECILE_KEY], start=1):
+            st.metric(f"decile_recall_at_100_d{i:02d}", v)
+        for key in ("total_train_time_s", "model_size_bytes"):
+            st.metric(key, result[key])
+        if result["predict_latency_ms_per_doc"] is not None:
+            st.metric("predict_latency_ms_per_doc", result["predict_latency_ms_per_doc"])
+        plot_decile_recall(result["metrics"][xm.DECILE_KEY], args.plot,
+                           f"{result['dataset']} / {result['method']}", result["metrics"]["recall_at_100"])
+        st.output("plot", args.plot)
+        io.write_json(args.out, result)
+        st.output("results", args.out)
+        st.log.info("P@1 %.2f  P@5 %.2f  PSP@5 %.2f  R@100 %.2f", result["metrics"]["p_at_1"],
+                    result["metrics"]["p_at_5"], result["metrics"]["psp_at_5"], result["metrics"]["recall_at_100"])
+    # The harness knows this stage's MLflow run id only after the block: fill it in.
+    if args.record and tracking_enabled(args):
+        try:
+            run_id = io.read_json(args.record).get("mlflow_run_id")
+        except (FileNotFoundError, json.JSONDecodeError):
+            run_id = None
+        if run_id:
+            result["mlflow"]["evaluate_run_id"] = run_id
+            validate_result(result, schema)
+            io.write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))
