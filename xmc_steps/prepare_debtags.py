@@ -117,11 +117,6 @@ def parse_deb822(text: str) -> list[dict[str, list[str]]]:
     return paras
 
 
-def _field(para: dict[str, list[str]], name: str) -> str:
-    """The whole value of a field, continuation lines joined with newlines."""
-    return "\n".join(para.get(name, []))
-
-
 def _first_line(para: dict[str, list[str]], name: str) -> str:
     lines = para.get(name)
     return lines[0].strip() if lines else ""
@@ -385,8 +380,8 @@ def parse_release(text: str) -> dict[str, str]:
     paras = parse_deb822(body)
     if not paras:
         return {}
-    wanted = ("Origin", "Suite", "Codename", "Version", "Date")
-    return {k.lower() if k != "Version" else "release": _first_line(paras[0], k) for k in wanted if k in paras[0]}
+    wanted = {"Origin": "origin", "Suite": "archive_suite", "Codename": "codename", "Version": "release", "Date": "date"}
+    return {key: _first_line(paras[0], k) for k, key in wanted.items() if k in paras[0]}
 
 
 def _apt_options(workdir: Path) -> list[str]:
@@ -406,21 +401,24 @@ def _apt_options(workdir: Path) -> list[str]:
 
 
 def _run(cmd: list[str], log: logging.Logger, cwd: Path | None = None, timeout: float = 900) -> str:
+    """Run ``cmd``; return its stderr tail.  StageError naming it and its stderr on failure."""
     log.info("running: %s", " ".join(cmd))
     exe = shutil.which(cmd[0])
     if exe is None:
         raise StageError(f"{cmd[0]} not found: building the debtags dataset needs apt on a Debian system")
     try:
-        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, errors="replace", timeout=timeout,
+            env={**os.environ, "LC_ALL": "C"},  # untranslated messages, for the error text
+        )
     except subprocess.TimeoutExpired as e:
         raise StageError(f"`{' '.join(cmd)}` timed out after {timeout:.0f} s") from e
     tail = "\n".join((res.stderr or "").strip().splitlines()[-15:])
     if res.returncode != 0:
         raise StageError(f"`{' '.join(cmd)}` failed with exit code {res.returncode}:\n{tail}")
-    # apt-get update exits 0 even when a source could not be fetched ("W: Failed to fetch")
     if tail:
         log.info("%s stderr:\n%s", cmd[0], tail)
-    return res.stdout
+    return tail
 
 
 def find_index_files(index_dir: str | os.PathLike) -> IndexFiles:
@@ -473,10 +471,15 @@ def fetch_index(workdir: str | os.PathLike, log: logging.Logger | None = None, m
     (work / "sources.list").write_text(f"deb [arch={ARCH}{signed}] {mirror} {SUITE} {COMPONENT}\n", encoding="utf-8")
     opts = _apt_options(work)
 
-    _run(["apt-get", "update", *opts], log)
+    update = ["apt-get", "update", *opts]
+    tail = _run(update, log)
     lists = work / "lists"
-    if not list(lists.glob(f"*_dists_{SUITE}_{COMPONENT}_binary-{ARCH}_Packages")):
-        raise StageError(f"`apt-get update` did not fetch the {SUITE} {COMPONENT} {ARCH} Packages index from {mirror}")
+    for pattern in (f"*_dists_{SUITE}_{COMPONENT}_binary-{ARCH}_Packages", f"*_dists_{SUITE}_{COMPONENT}_i18n_Translation-en"):
+        if not list(lists.glob(pattern)):
+            # apt-get update exits 0 when a source fails to download ("W: Failed to fetch")
+            raise StageError(
+                f"`{' '.join(update)}` did not fetch {pattern} from {mirror} (network or mirror problem?):\n{tail}"
+            )
 
     debdir = work / "debtags"
     for old in debdir.glob("debtags_*.deb"):
@@ -529,17 +532,16 @@ def main(argv: list[str] | None = None) -> None:
     outputs = [str(out / f) for f in (*DATA_FILES, "stats.json", "source.json")]
     with stage_run("prepare_debtags", args, outputs=outputs) as st:
         st.params.update({"index_dir": args.index_dir or "", "mirror": args.mirror, "seed": SEED, "test_fraction": TEST_FRACTION})
-        with st.timed("fetch"):
-            if args.index_dir:
-                index = find_index_files(args.index_dir)
-                tmp = None
-            elif args.work_dir:
-                index = fetch_index(args.work_dir, st.log, mirror=args.mirror)
-                tmp = None
-            else:
-                tmp = tempfile.mkdtemp(prefix="debtags-index-")
-                index = fetch_index(tmp, st.log, mirror=args.mirror)
+        tmp = None if (args.index_dir or args.work_dir) else tempfile.mkdtemp(prefix="debtags-index-")
         try:
+            with st.timed("fetch"):
+                if args.index_dir:
+                    index = find_index_files(args.index_dir)
+                else:
+                    workdir = args.work_dir or tmp
+                    if tmp:
+                        os.chmod(tmp, 0o755)  # let apt's unprivileged _apt downloader write there
+                    index = fetch_index(workdir, st.log, mirror=args.mirror)
             with st.timed("build"):
                 stats = build_from_index(index, out, st.log)
                 st.extra["source"] = index.source_info()

@@ -21,7 +21,7 @@ rule prepare:
         mem_mb=2000,
         runtime=30,
     shell:
-        "{PY} -m xmc_steps.prepare_debtags --out {params.out} --workdir {params.workdir} "
+        "{PY} -m xmc_steps.prepare_debtags --out {params.out} --work-dir {params.workdir} "
         "--log {log:q} --dataset debtags --rule prepare"
 
 
