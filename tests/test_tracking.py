@@ -28,6 +28,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("XMC_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.setenv("XMC_GIT_COMMIT", "feedbeef")
+    monkeypatch.setenv("XMC_TRACKING", "1")  # conftest turns tracking off by default
     return tmp_path / "results"
 
 
@@ -181,7 +182,7 @@ _JOB = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {repo!r})
     from xmc_steps import tracking
-    import mlflow.tracking, mlflow.entities  # import before the barrier
+    tracking._preimport(tracking.tracking_uri())  # import mlflow before the barrier
     i, method, sync = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     (sync / f"ready{{i}}").touch()
     t_end = time.time() + 60
@@ -208,7 +209,7 @@ def test_parallel_jobs_one_sqlite_store(tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(XMC_RESULTS_DIR=str(results), XMC_GIT_COMMIT="feedbeef", PYTHONPATH=str(REPO))
+    env.update(XMC_RESULTS_DIR=str(results), XMC_GIT_COMMIT="feedbeef", XMC_TRACKING="1", PYTHONPATH=str(REPO))
     code = _JOB.format(repo=str(REPO))
     t0 = time.perf_counter()
     procs = [
@@ -264,3 +265,36 @@ def test_parallel_jobs_one_sqlite_store(tmp_path):
         assert m["wall_s"] == float(i) and m["peak_rss_mb"] == 10.0 * i and m["time_s.fit"] == 0.5
         hist = client.get_metric_history(run_ids[i], "loss")
         assert sorted(h.step for h in hist) == list(range(1200))
+
+
+def test_stage_harness_logs_to_mlflow(store, tmp_path):
+    import argparse
+
+    from xmc_steps.stage import add_common_args, stage_run
+
+    rec_path = tmp_path / "rec.json"
+    args = add_common_args(argparse.ArgumentParser()).parse_args(
+        ["--record", str(rec_path), "--dataset", "debtags", "--method", "parabel",
+         "--rule", "parabel_train", "--config-hash", "abc", "--params", '{"trees": 3}']
+    )
+    with stage_run("train", args) as st:
+        st.metric("n_trees", 3)
+        st.step_metric("loss", 0.5, 1)
+        st.step_metric("loss", 0.25, 2)
+    rec = json.loads(rec_path.read_text())
+    rid = rec["mlflow_run_id"]
+    run = MlflowClient(tracking.tracking_uri()).get_run(rid)
+    assert run.info.run_name == "parabel_train"
+    assert run.data.tags["mlflow.parentRunId"] == tracking.parent_run_id("debtags", "parabel")
+    assert run.data.params["trees"] == "3" and run.data.metrics["n_trees"] == 3
+    assert run.data.metrics["loss"] == 0.25
+
+
+def test_batches_respect_mlflow_limits():
+    metrics, params, tags = list(range(2500)), [f"p{i}" for i in range(150)], [f"t{i}" for i in range(30)]
+    pieces = list(tracking._chunks(metrics, params, tags))
+    assert all(len(p) + len(t) <= 100 and len(m) + len(p) + len(t) <= 1000 for m, p, t in pieces)
+    assert [x for m, _, _ in pieces for x in m] == metrics
+    assert [x for _, p, _ in pieces for x in p] == params
+    assert [x for _, _, t in pieces for x in t] == tags
+    assert list(tracking._chunks([], [], [])) == []

@@ -73,6 +73,8 @@ __all__ = [
     "log_stage",
     "link_shared",
     "parent_run_id",
+    "flatten_params",
+    "git_commit",
     "SHARED",
 ]
 
@@ -178,6 +180,8 @@ def _file_lock(uri: str) -> Iterator[None]:
 
 
 def _quiet_mlflow() -> None:
+    # a REST store otherwise prints "View run ... at: <url>" to stdout on every terminate
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     for name in ("mlflow", "alembic", "sqlalchemy", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -274,26 +278,39 @@ def git_commit() -> str:
 
 
 def _chunks(metrics: list, params: list, tags: list) -> Iterator[tuple[list, list, list]]:
-    """Split into log_batch-sized pieces: <= 100 params+tags, <= 1000 entities per call."""
+    """Split into log_batch-sized pieces: <= 100 params+tags and <= 1000 entities per call."""
     pt = [("p", x) for x in params] + [("t", x) for x in tags]
     i_pt = i_m = 0
-    while i_pt < len(pt) or i_m < len(metrics) or (i_pt == 0 and i_m == 0):
+    while i_pt < len(pt) or i_m < len(metrics):
         piece = pt[i_pt : i_pt + MAX_PARAMS_TAGS_PER_BATCH]
+        ms = metrics[i_m : i_m + MAX_ENTITIES_PER_BATCH - len(piece)]
         i_pt += len(piece)
-        room = MAX_ENTITIES_PER_BATCH - len(piece)
-        ms = metrics[i_m : i_m + room]
         i_m += len(ms)
         yield ms, [x for k, x in piece if k == "p"], [x for k, x in piece if k == "t"]
-        if not pt and not metrics:
-            return
 
 
 # ----------------------------------------------------------------------- store access
 
 
+def _preimport(uri: str) -> None:
+    """Import the store's heavy modules before taking the lock (keeps the lock short)."""
+    import mlflow.tracking  # noqa: F401
+
+    _quiet_mlflow()  # after the import: importing mlflow configures its own loggers
+
+    with contextlib.suppress(ImportError):
+        if "://" in uri and not uri.startswith(("http:", "https:", "file:", "databricks")):
+            import mlflow.store.db.utils  # noqa: F401
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+        elif uri.startswith(("http:", "https:")):
+            import mlflow.store.tracking.rest_store  # noqa: F401
+
+
 def _client(uri: str):
-    _quiet_mlflow()
+    """An MlflowClient for ``uri``.  Opens the store: call it with the lock held."""
     from mlflow.tracking import MlflowClient
+
+    _quiet_mlflow()
 
     return MlflowClient(tracking_uri=uri)
 
@@ -370,7 +387,6 @@ def log_stage(record: Mapping[str, Any], step_metrics: Iterable[tuple[str, float
 
 
 def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> str:
-    _quiet_mlflow()
     from mlflow.entities import Metric
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME
 
@@ -436,11 +452,12 @@ def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> 
         curve.append(Metric(_clean_key(name), f, now_ms, int(step)))
 
     # ---- the store sequence
-    client = _client(uri)
     whole = not _serialises_writes_itself(uri)
+    _preimport(uri)
     with _file_lock(uri):
-        # first store access in this process opens (and, for a new database, creates
-        # and migrates) the store: inside the lock.
+        # MlflowClient() opens the store, which creates and migrates a new database:
+        # inside the lock, or parallel jobs race on the schema migrations.
+        client = _retry(lambda: _client(uri), "open store", log)
         exp_id = _experiment_id(client, dataset, log)
         parent_id = _get_or_create_parent(client, exp_id, dataset, method_key, config_hash, log)
         if whole:
@@ -470,8 +487,7 @@ def _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metric
     t_list = [RunTag(k, v) for k, v in tags.items()]
     all_metrics = list(metrics) + list(curve)
     for ms, ps, ts in _chunks(all_metrics, p_list, t_list):
-        if ms or ps or ts:
-            _retry(lambda: client.log_batch(run_id, metrics=ms, params=ps, tags=ts, synchronous=True), "log_batch", log)
+        _retry(lambda: client.log_batch(run_id, metrics=ms, params=ps, tags=ts, synchronous=True), "log_batch", log)
     _retry(lambda: client.set_terminated(run_id, "FINISHED"), "terminate run", log)
     # The parent spans all stage jobs of the target: keep its config hash current and
     # mark it finished as of the latest stage (it is reopened by the next stage's log).
@@ -494,8 +510,9 @@ def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:
     try:
         from mlflow.entities import RunTag
 
-        client = _client(uri)
+        _preimport(uri)
         with _file_lock(uri):
+            client = _retry(lambda: _client(uri), "open store")
             exp_id = _experiment_id(client, dataset)
             parent_id = _get_or_create_parent(client, exp_id, dataset, method or SHARED, "")
             tags = [RunTag(_clean_key(f"xmc.uses.{k}"), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in run_ids.items()]
@@ -515,8 +532,9 @@ def parent_run_id(dataset: str, method: str) -> str | None:
     db = _sqlite_path(uri)
     if db is not None and not db.exists():
         return None  # do not create a database just to look something up
-    client = _client(uri)
+    _preimport(uri)
     with _file_lock(uri):
+        client = _retry(lambda: _client(uri), "open store")
         exp = _retry(lambda: client.get_experiment_by_name(dataset or "default"), "get experiment")
         if exp is None:
             return None
