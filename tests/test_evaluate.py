@@ -78,7 +78,7 @@ def artifacts(tmp_path):
         ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu"}, {"loss": 0.1}),
         ("predict", 1.5, 300.0, {}, {"predict_latency_ms_per_doc": 2.5}),
     ]:
-        rec = {"stage": name, "rule": name, "wall_s": wall, "peak_rss_mb": rss, "timings_s": {},
+        rec = {"stage": name, "rule": name, "method": "" if name in ("ingest", "tfidf") else "xr-linear", "wall_s": wall, "peak_rss_mb": rss, "timings_s": {},
                "params": {}, "metrics": metrics, "outputs": {}, "mlflow_run_id": f"run-{name}", "extra": extra}
         p = d / f"{name}.record.json"
         io.write_json(p, rec)
@@ -140,7 +140,7 @@ def test_evaluate_end_to_end(artifacts):
     assert res["predict_latency_ms_per_doc"] == pytest.approx(2.5)
     assert res["config"] == {"seed": 0, "ranker": {"C": 1.0}} and res["config_hash"] == "abc123"
     assert res["reported"] == {"p_at_1": 84.4, "source": "X-Transformer Table 3"}
-    assert res["mlflow"] == {"evaluate_run_id": None, "parent_run_id": None}
+    assert res["mlflow"] == {"evaluate_run_id": None, "parent_run_id": None, "shared_stage_runs": {}}
     assert res["device"] == "cpu" or res["device"].startswith("cuda:")
     assert res["versions"]["numpy"] == np.__version__
     assert res["propensity"] == {"A": 0.55, "B": 1.5}
@@ -233,12 +233,17 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     fake = types.ModuleType("xmc_steps.tracking")
     fake.log_stage = lambda record, step_metrics, log=None: "run-evaluate"
     fake.parent_run_id = lambda dataset, method: f"parent-{dataset}-{method}"
+    linked = {}
+    fake.link_shared = lambda dataset, method, run_ids: linked.update({(dataset, method): dict(run_ids)})
     monkeypatch.setitem(sys.modules, "xmc_steps.tracking", fake)
     monkeypatch.setattr(xmc_steps, "tracking", fake, raising=False)
     monkeypatch.setenv("XMC_TRACKING", "1")
     ev.main(artifacts["argv"])
     res = json.loads(artifacts["out"].read_text())
-    assert res["mlflow"] == {"evaluate_run_id": "run-evaluate", "parent_run_id": "parent-eurlex4k-xr-linear"}
+    assert res["mlflow"]["evaluate_run_id"] == "run-evaluate"
+    assert res["mlflow"]["parent_run_id"] == "parent-eurlex4k-xr-linear"
+    # shared stages' runs (records with an empty method) are referenced from the parent
+    assert linked[("eurlex4k", "xr-linear")] == res["mlflow"]["shared_stage_runs"] == {"ingest": "run-ingest", "tfidf": "run-tfidf"}
     jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(res)
 
 

@@ -219,6 +219,26 @@ def parent_run_id(dataset: str, method: str, log=None) -> str | None:
         return None
 
 
+def link_shared_runs(dataset: str, method: str, records: list[dict[str, Any]], log=None) -> dict[str, str]:
+    """Reference the shared stages' runs (TF-IDF, ingest, ...) from the method's parent run.
+
+    Shared stages are logged once, under the dataset's ``shared`` parent; the method's
+    parent run gets a tag ``xmc.uses.<stage>`` = run id for each one it used.
+    """
+    used = {r.get("stage") or r.get("rule"): r["mlflow_run_id"] for r in records
+            if not r.get("method") and r.get("mlflow_run_id")}
+    if not used:
+        return {}
+    try:
+        from . import tracking
+
+        tracking.link_shared(dataset, method, used)
+    except Exception as e:  # tracking trouble must not lose the results
+        if log:
+            log.warning("could not link the shared stage runs in MLflow: %s", e)
+    return used
+
+
 def tracking_enabled(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_tracking", False) and os.environ.get("XMC_TRACKING", "1") != "0"
 
@@ -411,6 +431,7 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "mlflow": {
             "evaluate_run_id": None,
             "parent_run_id": parent_run_id(dataset, method, log) if tracking_enabled(args) else None,
+            "shared_stage_runs": link_shared_runs(dataset, method, records, log) if tracking_enabled(args) else {},
         },
         "reported": reported,
         "plot": str(args.plot),
