@@ -62,8 +62,8 @@ def _stack(paths: list[str]) -> sp.csr_matrix:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.label_embedding", description=__doc__.split("\n")[0])
-    p.add_argument("--features", required=True, action="append", help="instance features (.npz CSR); repeat to stack rows")
-    p.add_argument("--labels", required=True, action="append", help="label matrix (.npz CSR); repeat in the same order")
+    p.add_argument("--features", required=True, action="extend", nargs="+", help="instance features (.npz CSR), rows stacked in order")
+    p.add_argument("--labels", required=True, action="extend", nargs="+", help="label matrices (.npz CSR), aligned with --features")
     p.add_argument("--out", required=True, help="label embedding (.npz CSR, L x d)")
     p.add_argument("--kind", default="pifa-tfidf", choices=KINDS, help="label embedding kind")
     add_common_args(p)

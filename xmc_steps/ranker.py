@@ -173,26 +173,37 @@ def train_rankers(
 
     def run(k: int):
         labels = groups[k]
-        pos_rows = np.unique(Yc[:, labels].indices) if len(labels) else np.zeros(0, np.int64)
+        Yk = Yc[:, labels]  # CSC column slice: cost bounded by these labels' positives
+        Yk.sort_indices()
+        pos_rows = np.unique(Yk.indices)
         if mask is not None:
             m_rows = mask.indices[mask.indptr[k]:mask.indptr[k + 1]]
             rows = np.union1d(m_rows, pos_rows)
         else:
             rows = np.arange(N)
         out_idx, out_val, out_cnt = [], [], []
-        if len(rows):
-            Xs = X64[rows]
-            Ys = sp.csc_matrix(Yc[rows][:, labels])
+        # the cluster's instances, restricted to the features they use (weights of the
+        # other features are 0 anyway): per-label cost scales with the subset, not with d
+        Xs = X64 if mask is None else X64[rows]
+        feat = np.unique(Xs.indices) if len(rows) else np.zeros(0, np.int64)
+        if len(rows) and len(feat) < 0.8 * d:
+            Xs = sp.csr_matrix((Xs.data, np.searchsorted(feat, Xs.indices).astype(np.int32), Xs.indptr),
+                               shape=(len(rows), len(feat)))
+        else:
+            feat = np.arange(d)
+        feat_b = np.append(feat, d)  # + the bias row
         for j in range(len(labels)):
             if len(rows) == 0:
-                w, b = np.zeros(d), -1.0
+                w, b = np.zeros(0), -1.0
+                feat_b_j = np.array([d])
             else:
                 y = -np.ones(len(rows))
-                y[Ys.indices[Ys.indptr[j]:Ys.indptr[j + 1]]] = 1.0
+                y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
                 w, b = _fit_one(Xs, y, p)
+                feat_b_j = feat_b
             full = np.append(w, b)
             nz = np.flatnonzero(np.abs(full) >= p.threshold) if p.threshold > 0 else np.flatnonzero(full)
-            out_idx.append(nz.astype(np.int32))
+            out_idx.append(feat_b_j[nz].astype(np.int32))
             out_val.append(full[nz].astype(np.float32))
             out_cnt.append(len(nz))
         done[0] += 1

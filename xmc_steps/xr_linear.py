@@ -34,7 +34,6 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -122,36 +121,42 @@ def expand_children(beam: sp.csr_matrix, C_t: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
-                   budget: int = 1 << 22) -> np.ndarray:
+                   batch_entries: int = 1 << 21, dense_budget: int = 1 << 24) -> np.ndarray:
     """``(Xa @ Wc)[i, j]`` for every stored entry ``(i, j)`` of ``cand``, in ``cand``'s order.
 
-    Rows are processed in batches; each batch multiplies only the columns of ``Wc``
-    that the batch's candidates use.  ``budget`` bounds the dense block per batch.
+    Rows are processed in batches of about ``batch_entries`` candidates; a batch
+    multiplies only the columns of ``Wc`` its candidates use (all of ``Wc`` when they
+    cover most of it), then gathers from a dense block when it has at most
+    ``dense_budget`` cells, else from the sparse product.
     """
     cand = sp.csr_matrix(cand)
-    n = cand.shape[0]
+    Xa = sp.csr_matrix(Xa)
+    Wc = sp.csc_matrix(Wc)
+    n, m = cand.shape
     out = np.zeros(cand.nnz, dtype=np.float32)
     lens = np.diff(cand.indptr)
-    r0 = 0
-    while r0 < n:
-        # grow the batch until the candidate count reaches the budget's square root scale
-        r1 = r0 + 1
-        acc = lens[r0]
-        target = max(256, int(np.sqrt(budget)) * 4)
-        while r1 < n and acc + lens[r1] <= target:
-            acc += lens[r1]
-            r1 += 1
+    # batch boundaries: consecutive rows with about batch_entries candidates each
+    cuts = np.searchsorted(cand.indptr, np.arange(0, cand.nnz, batch_entries), side="right") - 1
+    bounds = np.unique(np.concatenate([cuts, [n]]))
+    bounds = bounds[(bounds >= 0)]
+    if bounds[0] != 0:
+        bounds = np.concatenate([[0], bounds])
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
         a, b = cand.indptr[r0], cand.indptr[r1]
-        if b > a:
-            idx = cand.indices[a:b]
-            cols, local = np.unique(idx, return_inverse=True)
-            Z = (Xa[r0:r1] @ Wc[:, cols]).tocsr()
-            rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
-            if (r1 - r0) * len(cols) <= budget:
-                out[a:b] = Z.toarray()[rows, local]
-            else:
-                out[a:b] = np.asarray(Z[rows, local]).ravel()
-        r0 = r1
+        if b == a:
+            continue
+        idx = cand.indices[a:b]
+        cols, local = np.unique(idx, return_inverse=True)
+        if len(cols) > 0.5 * m:
+            Wsub, local = Wc, idx
+        else:
+            Wsub = Wc[:, cols]
+        Z = (Xa[r0:r1] @ Wsub).tocsr()
+        rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
+        if (r1 - r0) * Wsub.shape[1] <= dense_budget:
+            out[a:b] = Z.toarray()[rows, local]
+        else:
+            out[a:b] = np.asarray(Z[rows, local]).ravel()
     return out
 
 
@@ -411,7 +416,7 @@ def _predict_cli(args) -> None:
             P = model.predict(X, beam=int(cfg["beam"]), topk=int(cfg["topk"]), transform=cfg["transform"])
         dt = time.perf_counter() - t0
         st.metric("predict_s", dt)
-        st.metric("latency_ms_per_doc", 1000.0 * dt / max(X.shape[0], 1))
+        st.metric("predict_latency_ms_per_doc", 1000.0 * dt / max(X.shape[0], 1))
         st.log.info("predicted %d documents in %.2f s", X.shape[0], dt)
         io.write_predictions(args.out, P, int(cfg["topk"]))
         st.output("predictions", args.out)
@@ -421,14 +426,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.xr_linear", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train an XR-Linear model")
-    t.add_argument("--features", required=True, action="append", help="features (.npz CSR); repeat to stack rows")
-    t.add_argument("--labels", required=True, action="append", help="labels (.npz CSR); repeat in the same order")
+    t.add_argument("--features", required=True, action="extend", nargs="+", help="features (.npz CSR), rows stacked in order")
+    t.add_argument("--labels", required=True, action="extend", nargs="+", help="labels (.npz CSR), aligned with --features")
     t.add_argument("--tree", required=True, help="cluster tree (.npz, xmc_steps.cluster)")
     t.add_argument("--out", required=True, help="model folder")
     add_common_args(t)
     pr = sub.add_parser("predict", help="predict top-k labels")
     pr.add_argument("--model", required=True, help="model folder")
-    pr.add_argument("--features", required=True, action="append", help="features (.npz CSR)")
+    pr.add_argument("--features", required=True, action="extend", nargs="+", help="features (.npz CSR)")
     pr.add_argument("--out", required=True, help="predictions (.parquet)")
     add_common_args(pr)
     args = p.parse_args(argv)

@@ -36,16 +36,22 @@ def S(wildcards):
     return xcfg.dataset_settings(config, wildcards.dataset)
 
 
-def P(*sections, **extra):
-    """A params function: the JSON of the given settings sections (merged), plus threads."""
+def P(*sections, nest=False, keep=None, drop=(), threads=True):
+    """A params function: the JSON of the given settings sections, merged into one
+    object (or kept under their names with ``nest=True``); ``keep``/``drop`` select
+    keys of the merged object; the stage's thread count is added unless ``threads=False``."""
 
     def f(wildcards):
         s = S(wildcards)
         out = {}
         for sec in sections:
-            out.update(s[sec] if isinstance(s[sec], dict) else {sec: s[sec]})
-        out["threads"] = s["threads"]
-        out.update(extra)
+            if nest or not isinstance(s[sec], dict):
+                out[sec] = s[sec]
+            else:
+                out.update(s[sec])
+        out = {k: v for k, v in out.items() if (keep is None or k in keep) and k not in drop}
+        if threads:
+            out["threads"] = s["threads"]
         return json.dumps(out, sort_keys=True)
 
     return f

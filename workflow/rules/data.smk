@@ -38,7 +38,7 @@ rule ingest:
     log:
         "logs/ingest/{dataset}.log",
     params:
-        settings=P("split", "ingest"),
+        settings=P("split", "ingest", nest=True),
         hash=config_hash,
         path=lambda w: S(w).get("path") or "",
         layout=lambda w: S(w).get("layout") or "",

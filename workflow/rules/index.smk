@@ -37,7 +37,7 @@ rule cluster:
     log:
         "logs/cluster/{dataset}.log",
     params:
-        settings=P("cluster"),
+        settings=P(),
         hash=config_hash,
         c=lambda w: S(w)["cluster"],
     threads: 1

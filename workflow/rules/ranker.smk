@@ -24,7 +24,7 @@ rule xr_linear_train:
     log:
         "logs/xr_linear_train/{dataset}.log",
     params:
-        settings=P("xr_linear"),
+        settings=P("xr_linear", drop=("fit_on", "topk")),
         hash=config_hash,
     threads: threads_of
     resources:
@@ -48,7 +48,7 @@ rule xr_linear_predict:
     log:
         "logs/xr_linear_predict/{dataset}.log",
     params:
-        settings=P("xr_linear"),
+        settings=P("xr_linear", keep=("beam", "topk", "transform"), threads=False),
         hash=config_hash,
     threads: threads_of
     resources:

@@ -1,0 +1,104 @@
+"""Balanced hierarchical k-means and the ClusterTree conventions."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_steps import io
+from xmc_steps.cluster import ClusterTree, balanced_2means, hierarchical_kmeans, main as cluster_main, tree_levels
+from xmc_steps.label_embedding import l2_normalize_rows, main as emb_main, pifa
+
+
+def _random_emb(L, d=50, density=0.2, seed=0):
+    rng = np.random.default_rng(seed)
+    return l2_normalize_rows(sp.random(L, d, density=density, format="csr", random_state=rng, dtype=np.float32))
+
+
+def test_pifa_rows_are_normalised_sums():
+    X = sp.csr_matrix(np.array([[1, 0, 0], [0, 3, 4], [1, 1, 0]], dtype=np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=np.float32))
+    E = pifa(X, Y).toarray()
+    s0 = np.array([1, 3, 4.0]) / np.sqrt(26)
+    s1 = np.array([1, 4, 4.0]) / np.sqrt(33)
+    np.testing.assert_allclose(E[0], s0, rtol=1e-6)
+    np.testing.assert_allclose(E[1], s1, rtol=1e-6)
+    np.testing.assert_array_equal(E[2], 0)  # label without positives
+
+
+def test_balanced_2means_splits_halves_and_separates_groups():
+    rng = np.random.default_rng(0)
+    a = np.abs(rng.normal(size=(7, 6))) * [1, 1, 1, 0, 0, 0]
+    b = np.abs(rng.normal(size=(6, 6))) * [0, 0, 0, 1, 1, 1]
+    E = l2_normalize_rows(sp.csr_matrix(np.vstack([a, b]) + 1e-3))
+    side = balanced_2means(E, np.random.default_rng(1), max_iter=10)
+    assert np.bincount(side).tolist() == [7, 6]
+    assert len(set(side[:6])) == 1 and len(set(side[7:])) == 1 and side[0] != side[12]
+
+
+def test_tree_levels_and_branching_validation():
+    assert tree_levels(572, 16, 100) == (3, [3])
+    assert tree_levels(300, 4, 20) == (4, [2, 4])
+    assert tree_levels(500_000, 16, 100) == (13, [1, 5, 9, 13])
+    assert tree_levels(50, 16, 100) == (1, [1])
+    with pytest.raises(ValueError, match="power of 2"):
+        tree_levels(100, 12, 10)
+
+
+def test_tree_shape_conventions_and_balance():
+    E = _random_emb(300)
+    tree = hierarchical_kmeans(E, branching=4, leaf_size=20, seed=0, max_iter=5)
+    assert tree.level_sizes == [1, 4, 16, 300]
+    assert [c.shape for c in tree.C] == [(4, 1), (16, 4), (300, 16)]
+    sizes = tree.cluster_sizes(-1)
+    assert sizes.min() >= 18 and sizes.max() <= 19  # exact halving: 300/16
+    assert np.bincount(tree.assignment(1)).tolist() == [75] * 4
+    # label -> cluster at a level equals the composition of the parent maps
+    np.testing.assert_array_equal(tree.assignment(1), tree.parents(2)[tree.leaf_assignment()])
+    M = tree.label_to_cluster(-1)
+    assert M.shape == (300, 16) and np.all(np.diff(M.indptr) == 1)
+    np.testing.assert_array_equal(tree.assignment(0), 0)
+    np.testing.assert_array_equal(tree.assignment(3), np.arange(300))
+
+
+def test_572_labels_leaf_100_b16_gives_one_level_of_8():
+    tree = hierarchical_kmeans(_random_emb(572, d=40), 16, 100, seed=0, max_iter=3)
+    assert tree.level_sizes == [1, 8, 572]
+    assert sorted(set(tree.cluster_sizes(-1))) == [71, 72]
+
+
+def test_seeded_and_save_load(tmp_path):
+    E = _random_emb(200, seed=3)
+    t1 = hierarchical_kmeans(E, 4, 10, seed=7, max_iter=5)
+    t2 = hierarchical_kmeans(E, 4, 10, seed=7, max_iter=5, threads=2)
+    np.testing.assert_array_equal(t1.leaf_assignment(), t2.leaf_assignment())
+    t1.save(tmp_path / "tree.npz")
+    t3 = ClusterTree.load(tmp_path / "tree.npz")
+    assert t3.level_sizes == t1.level_sizes
+    for a, b in zip(t1.C, t3.C):
+        assert (a != b).nnz == 0
+
+
+def test_tiny_leaf_size_drops_empty_nodes():
+    tree = hierarchical_kmeans(_random_emb(5), 2, 1, seed=0)
+    assert tree.n_labels == 5
+    assert all(np.all(np.bincount(c.indices, minlength=c.shape[1]) > 0) for c in tree.C)
+
+
+def test_from_assignments_rejects_non_nested():
+    with pytest.raises(ValueError, match="nest"):
+        ClusterTree.from_assignments([np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])])
+
+
+def test_cli(tmp_path):
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 30, density=0.2, format="csr", random_state=rng, dtype=np.float32)
+    Y = sp.csr_matrix((rng.random((60, 40)) < 0.1).astype(np.float32))
+    io.save_csr(tmp_path / "X.npz", X)
+    io.save_csr(tmp_path / "Y.npz", Y)
+    emb_main(["--features", str(tmp_path / "X.npz"), "--labels", str(tmp_path / "Y.npz"),
+              "--out", str(tmp_path / "emb.npz"), "--no-tracking"])
+    cluster_main(["--label-emb", str(tmp_path / "emb.npz"), "--out", str(tmp_path / "tree.npz"),
+                  "--branching", "2", "--leaf-size", "10", "--record", str(tmp_path / "rec.json"), "--no-tracking"])
+    tree = ClusterTree.load(tmp_path / "tree.npz")
+    assert tree.level_sizes == [1, 2, 4, 40]
+    assert io.read_json(tmp_path / "rec.json")["metrics"]["n_clusters"] == 4

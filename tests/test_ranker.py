@@ -1,0 +1,128 @@
+"""Negative sampling masks (TFN/MAN) and the linear one-vs-all rankers."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_steps.negatives import combine, label_instance_mask, man, tfn
+from xmc_steps.ranker import RankerParams, append_bias, train_rankers
+
+# X-Transformer Figure 4: N=6 instances, L=20 labels, K=4 clusters of 5 consecutive labels.
+FIG4_LABELS = [[0, 7], [3], [6, 12], [17], [11], [4, 19]]
+
+
+def _fig4():
+    rows = [i for i, r in enumerate(FIG4_LABELS) for _ in r]
+    cols = [j for r in FIG4_LABELS for j in r]
+    Y = sp.csr_matrix((np.ones(len(cols), np.float32), (rows, cols)), shape=(6, 20))
+    cluster = np.arange(20) // 5
+    C = sp.csr_matrix((np.ones(20, np.float32), (np.arange(20), cluster)), shape=(20, 4))
+    return Y, C, cluster
+
+
+def test_tfn_figure4():
+    Y, C, cluster = _fig4()
+    M = tfn(Y, C).toarray()
+    expected = np.zeros((6, 4))
+    for i, ks in enumerate([[0, 1], [0], [1, 2], [3], [2], [0, 3]]):
+        expected[i, ks] = 1
+    np.testing.assert_array_equal(M, expected)
+    assert np.flatnonzero(M[:, 0]).tolist() == [0, 1, 5]  # {x1, x2, x6} as in the paper
+    np.testing.assert_array_equal(tfn(Y, cluster).toarray(), expected)  # int assignment accepted
+
+
+def test_man_and_combination():
+    Y, C, _ = _fig4()
+    scores = sp.csr_matrix(np.array([[0.9, 0.1, 0, 0], [0, 0, 0, 0.3], [0.5, 0.4, 0, 0],
+                                     [0.2, 0, 0, 0], [0, 0, 0.7, 0], [0, 0, 0, 0.6]], dtype=np.float32))
+    Mh = man(scores).toarray()
+    assert set(np.unique(Mh)) == {0.0, 1.0} and Mh.sum() == 8
+    both = combine("tfn+man", Y, C, scores).toarray()
+    np.testing.assert_array_equal(both, np.maximum(tfn(Y, C).toarray(), Mh))
+    np.testing.assert_array_equal(combine("man", Y, C, scores).toarray(), Mh)
+    np.testing.assert_array_equal(combine("tfn", Y, C).toarray(), tfn(Y, C).toarray())
+    with pytest.raises(ValueError):
+        combine("man", Y, C)
+    with pytest.raises(ValueError):
+        combine("bogus", Y, C, scores)
+
+
+def test_label_instance_mask():
+    Y, C, cluster = _fig4()
+    mask = label_instance_mask(tfn(Y, C), C, Y).toarray()
+    assert np.flatnonzero(mask[:, 2]).tolist() == [0, 1, 5]  # label 3 of cluster 1
+    assert np.flatnonzero(mask[:, 12]).tolist() == [2, 4]
+    # MAN only: instances predicted in the cluster plus the label's own positives
+    Mh = sp.csr_matrix(np.array([[0, 0, 0, 1], [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0],
+                                 [0, 0, 0, 1], [0, 0, 0, 1]], dtype=np.float32))
+    m2 = label_instance_mask(Mh, cluster, Y).toarray()
+    assert np.flatnonzero(m2[:, 0]).tolist() == [0, 2, 3]
+
+
+def _separable(seed=0, N=200, d=20, L=6):
+    rng = np.random.default_rng(seed)
+    X = sp.csr_matrix(np.abs(rng.normal(size=(N, d))).astype(np.float32) * (rng.random((N, d)) < 0.5))
+    # label j is on iff feature j is the larger of features (j, j + L)
+    Xd = X.toarray()
+    Y = sp.csr_matrix((Xd[:, :L] > Xd[:, L:2 * L]).astype(np.float32))
+    return X, Y
+
+
+def test_ranker_learns_separable_problem():
+    X, Y = _separable()
+    W = train_rankers(X, Y, np.zeros(Y.shape[1], int), None, RankerParams(C=10.0, threshold=0.0, tol=1e-3,
+                                                                         max_iter=1000, threads=2))
+    assert W.shape == (X.shape[1] + 1, Y.shape[1])
+    S = (append_bias(X) @ W).toarray()
+    acc = ((S > 0) == (Y.toarray() > 0)).mean()
+    assert acc > 0.97
+
+
+def test_ranker_threshold_sparsifies_and_groups_by_cluster():
+    X, Y = _separable(1)
+    cl = np.array([0, 0, 1, 1, 2, 2])
+    mask = sp.csr_matrix(np.ones((X.shape[0], 3), np.float32))
+    # liblinear shuffles with a process-wide RNG, so threaded runs may visit instances in
+    # another order: compare near the (unique) optimum, not at the loose default tolerance
+    tight = {"threshold": 0.0, "tol": 1e-6, "max_iter": 100000}
+    W1 = train_rankers(X, Y, cl, mask, dict(tight, threads=1))
+    W2 = train_rankers(X, Y, cl, mask, dict(tight, threads=2))
+    np.testing.assert_allclose(W1.toarray(), W2.toarray(), atol=1e-3)
+    W3 = train_rankers(X, Y, cl, mask, {"threshold": 0.1})
+    assert W3.nnz < W1.nnz and np.all(np.abs(W3.data) >= 0.1)
+
+
+def test_ranker_degenerate_clusters():
+    X, Y = _separable(2, N=40)
+    Yd = Y.toarray()[:, :2]
+    Yd[:, 1] = 0  # label 1 has no positives
+    Y = sp.csr_matrix(Yd)
+    # cluster 0 = label 0 restricted to its positives only (mask empty) -> all positives
+    mask = sp.csr_matrix((X.shape[0], 2), dtype=np.float32)
+    W = train_rankers(X, Y, np.array([0, 1]), mask, {})
+    assert W[:-1, 0].nnz == 0 and W[-1, 0] == pytest.approx(1.0)
+    assert W[:, 1].nnz == 1 and W[-1, 1] == pytest.approx(-1.0)  # no instances at all
+
+
+def test_mask_restricts_training_instances():
+    X, Y = _separable(3)
+    cl = np.zeros(Y.shape[1], int)
+    keep = np.zeros((X.shape[0], 1), np.float32)
+    keep[:50] = 1
+    W_mask = train_rankers(X, Y, cl, sp.csr_matrix(keep), {"threshold": 0.0})
+    pos = np.flatnonzero(np.asarray(Y.sum(axis=1)).ravel() > 0)
+    rows = np.union1d(np.arange(50), pos)  # the mask plus the positives of the cluster's labels
+    assert len(rows) < X.shape[0]
+    for j in range(Y.shape[1]):
+        Wj = train_rankers(X[rows], Y[rows][:, [j]], np.zeros(1, int), None, {"threshold": 0.0})
+        np.testing.assert_allclose(W_mask[:, j].toarray(), Wj.toarray(), atol=1e-5)
+
+
+def test_params_roundtrip_and_validation():
+    p = RankerParams(C=2.0, threads=3, negatives="tfn")
+    assert RankerParams.from_json(p.to_json()) == p
+    assert RankerParams.from_dict({"C": "0.5", "max_iter": 10.0}).C == 0.5
+    with pytest.raises(ValueError, match="unknown"):
+        RankerParams.from_dict({"Cee": 1})
+    with pytest.raises(ValueError):
+        RankerParams(negatives="random")

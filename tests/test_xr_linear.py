@@ -1,0 +1,180 @@
+"""XR-Linear: beam search, training with TFN/MAN, save/load, CLI, and debtags (slow)."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_steps import io
+from xmc_steps.cluster import hierarchical_kmeans
+from xmc_steps.label_embedding import pifa
+from xmc_steps.ranker import append_bias
+from xmc_steps.xr_linear import (XRLinearModel, XRLinearParams, beam_search, main as xr_main, masked_product,
+                                 topk_per_row, transform)
+
+DEBTAGS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"
+
+
+def _toy(seed=0, N=300, d=60, L=40):
+    """Labels driven by features: label j fires with feature j (plus noise)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(N, d, density=0.15, format="csr", random_state=rng, dtype=np.float32)
+    Xd = X.toarray()
+    Y = (Xd[:, :L] > 0.5).astype(np.float32)
+    Y[np.arange(N), rng.integers(0, L, N)] = 1  # every instance has a label
+    return X, sp.csr_matrix(Y)
+
+
+def _model(seed=0, **kw):
+    X, Y = _toy(seed)
+    tree = hierarchical_kmeans(pifa(X, Y), branching=2, leaf_size=5, seed=0, max_iter=5)
+    params = {"threshold": 0.0, "threads": 2}
+    params.update(kw)
+    return X, Y, tree, XRLinearModel.train(X, Y, tree, params)
+
+
+def test_transforms():
+    z = np.array([-1.0, 0.0, 1.0, 2.0])
+    np.testing.assert_allclose(transform(z, "l3-hinge"), np.exp(-np.array([8, 1, 0, 0.0])), rtol=1e-6)
+    np.testing.assert_allclose(transform(z, "l2-hinge"), np.exp(-np.array([4, 1, 0, 0.0])), rtol=1e-6)
+    np.testing.assert_allclose(transform(z, "sigmoid"), 1 / (1 + np.exp(-z)), rtol=1e-6)
+    with pytest.raises(ValueError):
+        transform(z, "relu")
+
+
+def test_topk_per_row_sparse_and_dense():
+    rng = np.random.default_rng(0)
+    A = np.round(rng.random((20, 15)), 1).astype(np.float32) * (rng.random((20, 15)) < 0.6)
+    A[3] = 0  # an empty row
+    A[4, :6] = 0.5  # ties -> lower column index
+    T = topk_per_row(sp.csr_matrix(A), 3).toarray()
+    for i in range(20):
+        cand = np.flatnonzero(A[i])
+        best = cand[np.lexsort((cand, -A[i][cand]))][:3]
+        assert np.flatnonzero(T[i]).tolist() == sorted(best.tolist())
+        np.testing.assert_array_equal(T[i][best], A[i][best])
+    assert np.flatnonzero(T[4]).tolist() == [0, 1, 2] or A[4, 6:].max() > 0.5
+    D = topk_per_row(A + 1.0, 4).toarray()  # dense input: exactly k per row
+    assert np.all((D != 0).sum(axis=1) == 4)
+    np.testing.assert_allclose(np.sort(D, axis=1)[:, -4:], np.sort(A + 1.0, axis=1)[:, -4:])
+
+
+def test_masked_product_matches_dense():
+    rng = np.random.default_rng(1)
+    X = sp.random(50, 30, density=0.3, format="csr", random_state=rng, dtype=np.float32)
+    W = sp.random(30, 40, density=0.3, format="csc", random_state=rng, dtype=np.float32)
+    cand = sp.csr_matrix((rng.random((50, 40)) < 0.2).astype(np.float32))
+    full = (X @ W).toarray()
+    rows = np.repeat(np.arange(50), np.diff(cand.indptr))
+    for kw in ({}, {"batch_entries": 7, "dense_budget": 10}):
+        np.testing.assert_allclose(masked_product(X, W, cand, **kw), full[rows, cand.indices], rtol=1e-5)
+
+
+def test_tree_levels_and_model_shapes():
+    X, Y, tree, model = _model()
+    assert tree.level_sizes == [1, 2, 4, 8, 40]
+    assert [w.shape for w in model.W] == [(61, 2), (61, 4), (61, 8), (61, 40)]
+
+
+@pytest.mark.parametrize("kind", ["l3-hinge", "sigmoid"])
+def test_beam_search_exact_when_beam_covers_tree(kind):
+    X, Y, tree, model = _model()
+    P = model.predict(X, beam=8, topk=10, transform=kind).toarray()
+    Xa = append_bias(X)
+    S = np.ones((X.shape[0], tree.n_labels), dtype=np.float64)
+    for t, W in enumerate(model.W):
+        Z = transform((Xa @ W).toarray(), kind)
+        S *= Z[:, tree.assignment(t + 1)]
+    for i in range(X.shape[0]):
+        top = np.argsort(-S[i], kind="stable")[:10]
+        got = np.flatnonzero(P[i])
+        assert len(got) == 10
+        np.testing.assert_allclose(np.sort(P[i][got]), np.sort(S[i][top]), rtol=1e-4)
+
+
+def test_training_fits_and_beam_narrows():
+    X, Y, tree, model = _model()
+    P = model.predict(X, beam=2, topk=5)
+    assert np.all(np.diff(P.indptr) <= 5)
+    top1 = np.asarray(P.argmax(axis=1)).ravel()
+    assert Y.toarray()[np.arange(X.shape[0]), top1].mean() > 0.8
+    C = model.predict_clusters(X, beam=2)
+    assert C.shape == (X.shape[0], tree.n_clusters) and np.all(np.diff(C.indptr) == 2)
+
+
+def test_tfn_only_and_generic_beam_search():
+    X, Y, tree, model = _model(negatives="tfn")
+    # beam_search with a user scorer: constant scores keep the first nodes (ties -> lower index)
+    def const(t, cand):
+        return cand
+    P = beam_search(tree.C, const, 3, beam=1, topk=4)
+    assert P.shape == (3, tree.n_labels) and np.all(np.diff(P.indptr) == 4)
+
+
+def test_params():
+    p = XRLinearParams.from_dict({"C": 2, "beam": 5, "negatives": "tfn"})
+    assert p.ranker().C == 2.0 and p.beam == 5
+    with pytest.raises(ValueError):
+        XRLinearParams.from_dict({"nope": 1})
+
+
+def test_save_load_roundtrip(tmp_path):
+    X, Y, tree, model = _model()
+    model.save(tmp_path / "m")
+    m2 = XRLinearModel.load(tmp_path / "m")
+    assert m2.params == model.params
+    a, b = model.predict(X, beam=3, topk=7), m2.predict(X, beam=3, topk=7)
+    assert abs(a - b).max() == 0
+
+
+def test_cli_train_predict(tmp_path):
+    X, Y = _toy(1)
+    io.save_csr(tmp_path / "X1.npz", X[:200])
+    io.save_csr(tmp_path / "X2.npz", X[200:])
+    io.save_csr(tmp_path / "Y1.npz", Y[:200])
+    io.save_csr(tmp_path / "Y2.npz", Y[200:])
+    tree = hierarchical_kmeans(pifa(X, Y), 4, 10, seed=0)
+    tree.save(tmp_path / "tree.npz")
+    xr_main(["train", "--features", str(tmp_path / "X1.npz"), "--features", str(tmp_path / "X2.npz"),
+             "--labels", str(tmp_path / "Y1.npz"), "--labels", str(tmp_path / "Y2.npz"),
+             "--tree", str(tmp_path / "tree.npz"), "--out", str(tmp_path / "model"),
+             "--params", '{"threads": 2, "C": 1.0}', "--no-tracking"])
+    xr_main(["predict", "--model", str(tmp_path / "model"), "--features", str(tmp_path / "X2.npz"),
+             "--out", str(tmp_path / "pred.parquet"), "--params", '{"beam": 4, "topk": 5}', "--no-tracking"])
+    P = io.read_predictions(tmp_path / "pred.parquet", Y.shape[1])
+    assert P.shape == (100, Y.shape[1]) and np.all(np.diff(P.indptr) == 5)
+    ref = XRLinearModel.load(tmp_path / "model").predict(X[200:], beam=4, topk=5)
+    np.testing.assert_allclose(P.toarray(), ref.toarray(), rtol=1e-6)
+
+
+def _read_split(base, split, label_index):
+    texts = (base / f"{split}_texts.txt").read_text(encoding="utf-8").splitlines()
+    rows = [[label_index[t] for t in line.split()] for line in
+            (base / f"{split}_labels.txt").read_text(encoding="utf-8").splitlines()]
+    ind = np.array([j for r in rows for j in r], dtype=np.int32)
+    ptr = np.cumsum([0] + [len(r) for r in rows])
+    Y = sp.csr_matrix((np.ones(len(ind), np.float32), ind, ptr), shape=(len(rows), len(label_index)))
+    return texts, Y
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DEBTAGS.is_dir(), reason="debtags data not available")
+def test_debtags_precision():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    ids = (DEBTAGS / "label_ids.txt").read_text(encoding="utf-8").split()
+    index = {x: i for i, x in enumerate(ids)}
+    tr, Ytr = _read_split(DEBTAGS, "train", index)
+    te, Yte = _read_split(DEBTAGS, "test", index)
+    vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, norm="l2", dtype=np.float32)
+    Xtr, Xte = vec.fit_transform(tr), vec.transform(te)
+    t0 = time.perf_counter()
+    tree = hierarchical_kmeans(pifa(Xtr, Ytr), 16, 100, seed=0, max_iter=20)
+    model = XRLinearModel.train(Xtr, Ytr, tree, {"threads": 2})
+    train_s = time.perf_counter() - t0
+    P = model.predict(Xte, beam=10, topk=5)
+    top1 = np.asarray(P.argmax(axis=1)).ravel()
+    p1 = Yte.toarray()[np.arange(Xte.shape[0]), top1].mean()
+    assert p1 >= 0.89, f"P@1 {p1:.4f} (train {train_s:.0f} s)"
