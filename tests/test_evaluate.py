@@ -234,7 +234,8 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     fake.log_stage = lambda record, step_metrics, log=None: "run-evaluate"
     fake.parent_run_id = lambda dataset, method: f"parent-{dataset}-{method}"
     linked = {}
-    fake.link_shared = lambda dataset, method, run_ids: linked.update({(dataset, method): dict(run_ids)})
+    fake.annotate_parent = lambda dataset, method, tags=None, metrics=None: linked.update(
+        {(dataset, method): {k.removeprefix("xmc.uses."): v for k, v in tags.items()}, "metrics": metrics})
     monkeypatch.setitem(sys.modules, "xmc_steps.tracking", fake)
     monkeypatch.setattr(xmc_steps, "tracking", fake, raising=False)
     monkeypatch.setenv("XMC_TRACKING", "1")
@@ -244,6 +245,7 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     assert res["mlflow"]["parent_run_id"] == "parent-eurlex4k-xr-linear"
     # shared stages' runs (records with an empty method) are referenced from the parent
     assert linked[("eurlex4k", "xr-linear")] == res["mlflow"]["shared_stage_runs"] == {"ingest": "run-ingest", "tfidf": "run-tfidf"}
+    assert linked["metrics"]["p_at_1"] == res["metrics"]["p_at_1"]   # metrics on the parent run, for the UI
     jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(res)
 
 

@@ -56,6 +56,21 @@ def test_linear_targets_end_to_end(tmp_path):
         assert (tmp_path / "results" / "toy" / f"{method}_decile_recall.png").stat().st_size > 1000
     for rule in ("ingest", "tfidf", "label_embedding", "cluster", "xr_linear_train", "evaluate"):
         assert list((tmp_path / "logs" / rule).glob("*.log")), rule
+    # MLflow: one experiment, a parent per target carrying the test metrics, every stage job a child
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("toy")
+    runs = client.search_runs([exp.experiment_id])
+    parents = {r.data.tags["xmc.method"]: r for r in runs if r.data.tags.get("xmc.run_type") == "target"}
+    assert set(parents) == {"xr-linear", "parabel", "shared"}
+    assert parents["xr-linear"].data.metrics["p_at_1"] == pytest.approx(
+        json.loads((tmp_path / "results" / "toy" / "xr-linear.json").read_text())["metrics"]["p_at_1"])
+    children = {r.data.tags["mlflow.runName"]: r.data.tags["mlflow.parentRunId"] for r in runs
+                if r.data.tags.get("xmc.run_type") == "stage"}
+    assert children["xr_linear_train"] == parents["xr-linear"].info.run_id
+    assert children["tfidf"] == parents["shared"].info.run_id          # logged once, shared
+    assert parents["parabel"].data.tags["xmc.uses.tfidf"]                # and referenced
     # a second run has nothing to do: every stage is cached
     r = _run(tmp_path, "results/toy/xr-linear.json", extra=["-n"])
     assert "Nothing to be done" in r.stdout + r.stderr

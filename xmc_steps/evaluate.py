@@ -219,23 +219,21 @@ def parent_run_id(dataset: str, method: str, log=None) -> str | None:
         return None
 
 
-def link_shared_runs(dataset: str, method: str, records: list[dict[str, Any]], log=None) -> dict[str, str]:
-    """Reference the shared stages' runs (TF-IDF, ingest, ...) from the method's parent run.
-
-    Shared stages are logged once, under the dataset's ``shared`` parent; the method's
-    parent run gets a tag ``xmc.uses.<stage>`` = run id for each one it used.
-    """
+def annotate_parent_run(dataset: str, method: str, records: list[dict[str, Any]],
+                        metrics: Mapping[str, Any], log=None) -> dict[str, str]:
+    """Put the target's test metrics on its MLflow parent run and reference the shared
+    stages' runs (TF-IDF, ingest, ...: logged once under the dataset's ``shared``
+    parent) with tags ``xmc.uses.<stage>`` = run id.  Returns the referenced run ids."""
     used = {r.get("stage") or r.get("rule"): r["mlflow_run_id"] for r in records
             if not r.get("method") and r.get("mlflow_run_id")}
-    if not used:
-        return {}
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     try:
         from . import tracking
 
-        tracking.link_shared(dataset, method, used)
+        tracking.annotate_parent(dataset, method, tags={f"xmc.uses.{k}": v for k, v in used.items()}, metrics=scalars)
     except Exception as e:  # tracking trouble must not lose the results
         if log:
-            log.warning("could not link the shared stage runs in MLflow: %s", e)
+            log.warning("could not annotate the MLflow parent run: %s", e)
     return used
 
 
@@ -431,7 +429,7 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "mlflow": {
             "evaluate_run_id": None,
             "parent_run_id": parent_run_id(dataset, method, log) if tracking_enabled(args) else None,
-            "shared_stage_runs": link_shared_runs(dataset, method, records, log) if tracking_enabled(args) else {},
+            "shared_stage_runs": annotate_parent_run(dataset, method, records, m, log) if tracking_enabled(args) else {},
         },
         "reported": reported,
         "plot": str(args.plot),

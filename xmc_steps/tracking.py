@@ -506,24 +506,36 @@ def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:
     ids returned by :func:`log_stage` for them.  The parent is created if missing.
     Returns the parent run id.
     """
+    return annotate_parent(dataset, method, tags={f"xmc.uses.{k}": v for k, v in run_ids.items()})
+
+
+def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = None,
+                    metrics: Mapping[str, float] | None = None) -> str:
+    """Add tags and final metrics to the (dataset, method) parent run (created if missing).
+
+    The evaluate stage puts the target's test metrics on its parent run, so methods can
+    be compared side by side in the MLflow UI's run table.  Returns the parent run id.
+    """
     uri = tracking_uri()
     try:
-        from mlflow.entities import RunTag
+        from mlflow.entities import Metric, RunTag
 
         _preimport(uri)
         with _file_lock(uri):
             client = _retry(lambda: _client(uri), "open store")
             exp_id = _experiment_id(client, dataset)
             parent_id = _get_or_create_parent(client, exp_id, dataset, method or SHARED, "")
-            tags = [RunTag(_clean_key(f"xmc.uses.{k}"), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in run_ids.items()]
-            for i in range(0, len(tags), MAX_PARAMS_TAGS_PER_BATCH):
-                chunk = tags[i : i + MAX_PARAMS_TAGS_PER_BATCH]
-                _retry(lambda: client.log_batch(parent_id, tags=chunk, synchronous=True), "link shared")
+            now = int(time.time() * 1000)
+            tag_list = [RunTag(_clean_key(k), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in (tags or {}).items()]
+            met_list = [Metric(_clean_key(k), f, now, 0) for k, v in (metrics or {}).items()
+                        if (f := _float(v)) is not None]
+            for mets, _, tgs in _chunks(met_list, [], tag_list):
+                _retry(lambda: client.log_batch(parent_id, metrics=mets, tags=tgs, synchronous=True), "annotate parent")
         return parent_id
     except Exception as e:
         if isinstance(e, RuntimeError) and str(e).startswith("MLflow tracking at"):
             raise
-        raise RuntimeError(f"MLflow tracking at {uri} failed linking shared runs for {dataset}/{method}: {type(e).__name__}: {e}") from e
+        raise RuntimeError(f"MLflow tracking at {uri} failed annotating the parent run of {dataset}/{method}: {type(e).__name__}: {e}") from e
 
 
 def parent_run_id(dataset: str, method: str) -> str | None:

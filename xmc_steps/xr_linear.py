@@ -381,6 +381,7 @@ def _train_cli(args) -> None:
             model = XRLinearModel.train(X, Y, tree, params, log=st.log)
         out = Path(args.out)
         st.output("model", str(out))
+        st.extra["model_paths"] = [str(out)]
         # write into a temporary sibling folder, then rename: no half-written model dir
         tmp = out.parent / f".{out.name}.tmp"
         if tmp.exists():

