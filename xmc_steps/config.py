@@ -25,6 +25,7 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "co
 METHOD_SECTIONS: dict[str, list[str]] = {
     "xr-linear": ["split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"],
     "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
+    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xtransformer", "evaluate"],
 }
 
 
@@ -95,7 +96,8 @@ def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dict[str, Any]:
     """The sections of the effective settings that ``method`` depends on."""
     s = dataset_settings(config, dataset)
-    sections = METHOD_SECTIONS.get(method, sorted(s))
+    base = "xtransformer" if method.startswith("xtransformer") else method
+    sections = METHOD_SECTIONS.get(base, sorted(s))
     return {k: s[k] for k in sections if k in s} | {"threads": s.get("threads")}
 
 

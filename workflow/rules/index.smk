@@ -1,43 +1,85 @@
-# Label index: label embeddings and the balanced hierarchical cluster tree.
+# Label index: label embeddings (pifa-tfidf, pifa-neural, text-emb) and balanced
+# hierarchical cluster trees over them, keyed by what they depend on so every method
+# and variant shares them.
 
 
-rule label_embedding:
+rule label_embedding_pifa_tfidf:
     """PIFA label embedding from TF-IDF (X-Transformer §3.2)."""
     input:
-        X=RES + "/{dataset}/features/tfidf/X_train.npz",
-        Xv=RES + "/{dataset}/features/tfidf/X_valid.npz",
-        Y=RES + "/{dataset}/ingest/Y_train.npz",
-        Yv=RES + "/{dataset}/ingest/Y_valid.npz",
+        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=["train", "valid"]),
+        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
     output:
         emb=RES + "/{dataset}/index/pifa-tfidf/label_emb.npz",
         record=RES + "/{dataset}/index/pifa-tfidf/label_emb.record.json",
     log:
-        "logs/label_embedding/{dataset}.log",
+        "logs/label_embedding/{dataset}-pifa-tfidf.log",
     params:
-        settings=P("cluster"),
         hash=config_hash,
     threads: 1
     resources:
         mem_mb=8000,
         runtime=60,
     shell:
-        "{PY} -m xmc_steps.label_embedding --kind pifa-tfidf --features {input.X} {input.Xv} "
-        "--labels {input.Y} {input.Yv} --out {output.emb} "
-        "--params {params.settings:q} --record {output.record} "
+        "{PY} -m xmc_steps.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
+        "--out {output.emb} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
+
+
+rule label_embedding_pifa_neural:
+    """PIFA over the pre-trained encoder's instance embeddings (§3.2)."""
+    input:
+        E=lambda w: expand(RES + "/{dataset}/features/pretrained/{enc}-{maxlen}/emb_{split}.npz", dataset=w.dataset,
+                           enc=w.enc, maxlen=S(w)["xtransformer"]["embed"]["max_length"], split=["train", "valid"]),
+        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+    output:
+        emb=RES + "/{dataset}/index/pifa-neural__{enc}/label_emb.npz",
+        record=RES + "/{dataset}/index/pifa-neural__{enc}/label_emb.record.json",
+    log:
+        "logs/label_embedding/{dataset}-pifa-neural__{enc}.log",
+    params:
+        hash=config_hash,
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "{PY} -m xmc_steps.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
+        "--out {output.emb} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
+
+
+rule label_embedding_text:
+    """Label-text embeddings: the encoder's mean-pooled token states (§3.2)."""
+    input:
+        labels=RES + "/{dataset}/ingest/labels.parquet",
+    output:
+        emb=RES + "/{dataset}/index/text-emb__{enc}/label_emb.npz",
+        record=RES + "/{dataset}/index/text-emb__{enc}/label_emb.record.json",
+    log:
+        "logs/label_embedding/{dataset}-text-emb__{enc}.log",
+    params:
+        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": S(w)["xtransformer"]["embed"]["max_length"]}),
+        hash=config_hash,
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "{PY} -m xmc_steps.label_embedding --kind text-emb --label-table {input.labels} "
+        "--out {output.emb} --params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
 
 
 rule cluster:
     """Balanced hierarchical spherical k-means over the label embeddings."""
     input:
-        emb=rules.label_embedding.output.emb,
+        emb=RES + "/{dataset}/index/{emb}/label_emb.npz",
     output:
-        tree=RES + "/{dataset}/index/pifa-tfidf/tree.npz",
-        record=RES + "/{dataset}/index/pifa-tfidf/tree.record.json",
+        tree=RES + "/{dataset}/index/{emb}/tree-b{branching}-l{leaf}-s{seed}.npz",
+        record=RES + "/{dataset}/index/{emb}/tree-b{branching}-l{leaf}-s{seed}.record.json",
     log:
-        "logs/cluster/{dataset}.log",
+        "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}-s{seed}.log",
     params:
-        settings=P(),
         hash=config_hash,
         c=lambda w: S(w)["cluster"],
     threads: 1
@@ -46,7 +88,6 @@ rule cluster:
         runtime=120,
     shell:
         "{PY} -m xmc_steps.cluster --label-emb {input.emb} --out {output.tree} "
-        "--branching {params.c[branching]} --leaf-size {params.c[leaf_size]} "
-        "--seed {params.c[seed]} --max-iter {params.c[max_iter]} "
-        "--params {params.settings:q} --record {output.record} "
+        "--branching {wildcards.branching} --leaf-size {wildcards.leaf} "
+        "--seed {wildcards.seed} --max-iter {params.c[max_iter]} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule cluster --config-hash {params.hash}"

@@ -17,7 +17,7 @@ rule xr_linear_train:
     input:
         X=fit_files("X", "xr_linear"),
         Y=fit_files("Y", "xr_linear"),
-        tree=rules.cluster.output.tree,
+        tree=lambda w: xtg.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"]),
     output:
         model=directory(RES + "/{dataset}/xr-linear/model"),
         record=RES + "/{dataset}/xr-linear/train.record.json",

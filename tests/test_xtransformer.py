@@ -1,0 +1,87 @@
+"""X-Transformer rankers, Eq. 2 prediction, and the DAG's target paths."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_steps import config, targets
+from xmc_steps.xtransformer import XTransformerRankerParams, predict, ranker_features, train
+
+
+def _toy(seed=0, n=400, L=12, K=4, d=30):
+    """Labels in 4 clusters of 3; each label has its own feature block."""
+    rng = np.random.default_rng(seed)
+    C = sp.csr_matrix((np.ones(L), np.arange(L) // 3, np.arange(L + 1)), shape=(L, K))
+    Y = sp.lil_matrix((n, L), dtype=np.float32)
+    X = np.zeros((n, d), np.float32)
+    for i in range(n):
+        labs = rng.choice(L, size=rng.integers(1, 3), replace=False)
+        for lab in labs:
+            Y[i, lab] = 1
+            X[i, 2 * lab] += 1.0
+            X[i, 2 * lab + 1] += rng.random()
+        X[i, 24 + rng.integers(0, 6)] += 0.5   # noise features
+    return sp.csr_matrix(X), Y.tocsr(), C
+
+
+def test_ranker_features_blocks_are_normalised():
+    X = sp.csr_matrix(np.array([[3.0, 4.0, 0.0]], np.float32))
+    E = np.array([[0.0, 2.0]], np.float32)
+    F = ranker_features(X, E, "tfidf+neural", neural_weight=0.5).toarray()[0]
+    assert F == pytest.approx([0.6, 0.8, 0.0, 0.0, 0.5])
+    assert ranker_features(X, None, "tfidf").shape == (1, 3)
+
+
+def test_predict_only_inside_matcher_clusters_and_learns():
+    X, Y, C = _toy()
+    # a perfect "matcher": the clusters of the true labels score 2, one other cluster -1
+    G = (Y @ C).tocsr()
+    G.data[:] = 2.0
+    p = XTransformerRankerParams(ranker_input="tfidf", negatives="tfn+man", topb=2, threads=1)
+    W = train(X, Y, C, G, p)
+    assert W.shape == (X.shape[1] + 1, Y.shape[1])
+    P = predict(X, W, C, G, p)
+    allowed = (G @ C.T).tocsr()
+    P_coo = P.tocoo()
+    assert np.all(np.asarray(allowed[P_coo.row, P_coo.col]).ravel() > 0)   # nothing outside top-b clusters
+    top1 = np.asarray(P.argmax(axis=1)).ravel()
+    prec = np.mean([Y[i, j] for i, j in enumerate(top1)])
+    assert prec > 0.95
+
+
+def test_combiners_differ_as_documented():
+    X, Y, C = _toy(n=200)
+    G = (Y @ C).tocsr()
+    G.data[:] = 0.5
+    p = XTransformerRankerParams(ranker_input="tfidf", negatives="tfn", topb=4)
+    W = train(X, Y, C, G, p)
+    prod = predict(X, W, C, G, p)
+    p.combiner = "ranker"
+    rk = predict(X, W, C, G, p)
+    # matcher score 0.5 -> l3-hinge exp(-0.125); product = that * ranker part
+    ratio = prod.data / rk.data
+    assert ratio == pytest.approx(np.full_like(ratio, np.exp(-0.125)), rel=1e-5)
+
+
+def test_unknown_params_rejected():
+    with pytest.raises(ValueError, match="unknown xtransformer ranker parameter"):
+        XTransformerRankerParams.from_dict({"ranker": "x"})
+    with pytest.raises(ValueError, match="combiner"):
+        XTransformerRankerParams(combiner="max")
+
+
+def test_targets_share_stages_across_variants():
+    s = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "debtags")
+    full = targets.xt_members(s, None)
+    row0 = targets.xt_members(s, "tfidf-tfn")
+    ens = targets.xt_members(s, "ensemble-indexing")
+    assert len(full) == 1 and len(ens) == 2
+    # the same matcher serves the full method and the TF-IDF-only / TFN variant
+    assert full[0].matcher_dir("r", "d") == row0[0].matcher_dir("r", "d")
+    assert full[0].ranker_dir("r", "d") != row0[0].ranker_dir("r", "d")
+    assert targets.xt_predictions("r", "d", s, "ensemble-indexing").endswith("ensemble-ensemble-indexing/predictions_test.parquet")
+    assert targets.split_method("xtransformer-tfidf-tfn") == ("xtransformer", "tfidf-tfn")
+    assert targets.split_method("xr-linear") == ("xr-linear", None)
+    with pytest.raises(KeyError, match="unknown xtransformer variant"):
+        targets.xt_spec(s, "nope")
+    assert targets.unslug(targets.slug("org/model")) == "org/model"

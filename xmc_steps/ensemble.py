@@ -1,0 +1,109 @@
+"""Ensembles of prediction tables (X-Transformer Table 5 rows 7-9; ELIAS's 3 models).
+
+Each member is a prediction table (top-k labels and scores per document).  Scores of
+different models are not on one scale, so the combination is configurable:
+
+* ``average``: the mean of the members' scores (a label a member did not return
+  counts as 0 for it);
+* ``rank-average``: each member's ``r``-th label (0-based) scores ``1 - r / k``,
+  then the mean (scale-free; a missing label counts as 0);
+* ``softmax-average``: each member's top-k scores turned into a softmax over its own
+  list (temperature 1), then the mean;
+* ``sigmoid-average``: the mean of ``sigmoid(score)`` (for raw margins; scores already in
+  (0, 1] are better averaged directly).
+
+The result keeps the top ``topk`` labels per document; ties go to the lower label index.
+
+CLI::
+
+    python -m xmc_steps.ensemble --predictions a.parquet b.parquet ... --n-labels L \\
+        --out predictions.parquet --params '{"method": "average", "topk": 100}'
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import io
+from .stage import StageError, add_common_args, cli_main, stage_run
+from .xr_linear import topk_per_row
+
+METHODS = ("average", "rank-average", "softmax-average", "sigmoid-average")
+
+
+def _rank_scores(P: sp.csr_matrix) -> sp.csr_matrix:
+    """Replace each row's scores by ``1 - rank / k`` (rank 0 = best; ties -> lower index)."""
+    P = sp.csr_matrix(P, dtype=np.float32, copy=True)
+    for i in range(P.shape[0]):
+        a, b = P.indptr[i], P.indptr[i + 1]
+        if b == a:
+            continue
+        order = np.lexsort((P.indices[a:b], -P.data[a:b]))
+        r = np.empty(b - a, np.float32)
+        r[order] = np.arange(b - a, dtype=np.float32)
+        P.data[a:b] = 1.0 - r / (b - a)
+    return P
+
+
+def _softmax_rows(P: sp.csr_matrix) -> sp.csr_matrix:
+    P = sp.csr_matrix(P, dtype=np.float32, copy=True)
+    for i in range(P.shape[0]):
+        a, b = P.indptr[i], P.indptr[i + 1]
+        if b > a:
+            z = P.data[a:b] - P.data[a:b].max()
+            e = np.exp(z)
+            P.data[a:b] = e / e.sum()
+    return P
+
+
+def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 100) -> sp.csr_matrix:
+    """Combine score matrices (all N x L) by ``method``; top-``topk`` per row."""
+    if method not in METHODS:
+        raise ValueError(f"unknown ensemble method {method!r}; expected one of {METHODS}")
+    if not members:
+        raise ValueError("an ensemble needs at least one member")
+    shape = members[0].shape
+    for m in members:
+        if m.shape != shape:
+            raise ValueError(f"members differ in shape: {m.shape} vs {shape}")
+    out = sp.csr_matrix(shape, dtype=np.float32)
+    for m in members:
+        m = sp.csr_matrix(m, dtype=np.float32)
+        if method == "rank-average":
+            m = _rank_scores(m)
+        elif method == "softmax-average":
+            m = _softmax_rows(m)
+        elif method == "sigmoid-average":
+            m = m.copy()
+            m.data = (1.0 / (1.0 + np.exp(-m.data))).astype(np.float32)
+        out = out + m
+    out = out.multiply(np.float32(1.0 / len(members))).tocsr()
+    return topk_per_row(out, topk)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m xmc_steps.ensemble", description=__doc__.splitlines()[0])
+    ap.add_argument("--predictions", nargs="+", required=True, help="member prediction tables")
+    ap.add_argument("--label-table", required=True, help="the ingest stage's labels.parquet (gives L)")
+    ap.add_argument("--out", required=True)
+    add_common_args(ap)
+    args = ap.parse_args(argv)
+    with stage_run("ensemble", args, outputs=[args.out]) as st:
+        method = st.params.get("method", "average")
+        topk = int(st.params.get("topk", 100))
+        L = io.read_table(args.label_table, ["label_id"]).num_rows
+        members = [io.read_predictions(p, L) for p in args.predictions]
+        try:
+            P = combine(members, method, topk)
+        except ValueError as e:
+            raise StageError(str(e)) from e
+        io.write_predictions(args.out, P, topk)
+        st.metric("n_members", len(members))
+        st.output("predictions", args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))

@@ -1,0 +1,122 @@
+"""Where each target's artifacts live: the path helpers of the Snakemake rules.
+
+Pure functions of the effective settings (:func:`xmc_steps.config.dataset_settings`),
+so the DAG's shape can be unit-tested without Snakemake.  Shared stages are keyed by
+what they depend on, so they are computed once and reused across methods and variants:
+
+* tokens: ``features/tokens/{enc}-{max_length}/tokens_{split}.npz``
+* pre-trained embeddings: ``features/pretrained/{enc}-{max_length}/emb_{split}.npz``
+* label embeddings: ``index/{emb}/label_emb.npz`` with ``emb`` = ``pifa-tfidf``,
+  ``pifa-neural__{enc}`` or ``text-emb__{enc}``
+* cluster trees: ``index/{emb}/tree-b{branching}-l{leaf_size}-s{seed}.npz``
+* an X-Transformer member (one indexing x one encoder):
+  ``xtransformer/{emb}/{tree}/{enc}/matcher/`` and
+  ``.../ranker-{ranker_input}-{negatives}/{model/,predictions_test.parquet}``
+
+``enc`` is the encoder name made path-safe (:func:`slug`: ``/`` becomes ``--``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+SPLITS = ("train", "valid", "test")
+
+
+def slug(encoder: str) -> str:
+    """A path-safe form of an encoder name (reversible by :func:`unslug`)."""
+    return encoder.replace("/", "--")
+
+
+def unslug(s: str) -> str:
+    return s.replace("--", "/")
+
+
+def emb_name(indexing: str, encoder: str) -> str:
+    return indexing if indexing == "pifa-tfidf" else f"{indexing}__{slug(encoder)}"
+
+
+def tree_name(cluster: Mapping[str, Any], seed: int | None = None) -> str:
+    seed = cluster.get("seed", 0) if seed is None else seed
+    return f"tree-b{cluster['branching']}-l{cluster['leaf_size']}-s{seed}"
+
+
+def tokens_dir(res: str, dataset: str, encoder: str, max_length: int) -> str:
+    return f"{res}/{dataset}/features/tokens/{slug(encoder)}-{max_length}"
+
+
+def tree_path(res: str, dataset: str, emb: str, cluster: Mapping[str, Any], seed: int | None = None) -> str:
+    return f"{res}/{dataset}/index/{emb}/{tree_name(cluster, seed)}.npz"
+
+
+@dataclass(frozen=True)
+class XTMember:
+    """One X-Transformer model: an indexing, an encoder, a ranker input and negatives."""
+
+    emb: str
+    tree: str
+    enc: str
+    ranker_input: str
+    negatives: str
+
+    def matcher_dir(self, res: str, dataset: str) -> str:
+        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/matcher"
+
+    def ranker_dir(self, res: str, dataset: str) -> str:
+        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/ranker-{self.ranker_input}-{self.negatives}"
+
+
+def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
+    """The X-Transformer configuration of the full method (``variant=None``) or a variant."""
+    xt = settings["xtransformer"]
+    spec = {"indexing": xt["indexing"], "encoders": xt["encoders"], "ensemble": xt["ensemble"],
+            "ranker_input": xt["ranker"]["ranker_input"], "negatives": xt["ranker"]["negatives"],
+            "combiner": xt["ranker"]["combiner"]}
+    if variant is not None:
+        if variant not in xt.get("variants", {}):
+            known = ", ".join(sorted(xt.get("variants", {}))) or "none"
+            raise KeyError(f"unknown xtransformer variant '{variant}' (configured: {known})")
+        spec.update(xt["variants"][variant])
+    return spec
+
+
+def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMember]:
+    spec = xt_spec(settings, variant)
+    tree = tree_name(settings["xtransformer"]["cluster"], settings["cluster"]["seed"])
+    return [XTMember(emb_name(ix, enc), tree, slug(enc), spec["ranker_input"], spec["negatives"])
+            for ix in spec["indexing"] for enc in spec["encoders"]]
+
+
+def split_method(method: str) -> tuple[str, str | None]:
+    """``xtransformer-foo`` -> (``xtransformer``, ``foo``); ``xr-linear`` -> (``xr-linear``, None)."""
+    for base in ("xtransformer", "elias"):
+        if method == base:
+            return base, None
+        if method.startswith(base + "-"):
+            return base, method[len(base) + 1:]
+    return method, None
+
+
+def xt_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    members = xt_members(settings, variant)
+    if len(members) == 1:
+        return f"{members[0].ranker_dir(res, dataset)}/predictions_test.parquet"
+    return f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/predictions_test.parquet"
+
+
+def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    """Every stage record of an X-Transformer target (for its results file)."""
+    out: list[str] = []
+    xt = settings["xtransformer"]
+    for m in xt_members(settings, variant):
+        idx = f"{res}/{dataset}/index/{m.emb}"
+        if m.emb.startswith("pifa-neural"):
+            out.append(f"{res}/{dataset}/features/pretrained/{m.enc}-{xt['embed']['max_length']}/record.json")
+        out += [f"{idx}/label_emb.record.json", f"{idx}/{m.tree}.record.json",
+                f"{m.matcher_dir(res, dataset)}/record.json",
+                f"{m.ranker_dir(res, dataset)}/train.record.json",
+                f"{m.ranker_dir(res, dataset)}/predict.record.json"]
+    if len(xt_members(settings, variant)) > 1:
+        out.append(f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/record.json")
+    return list(dict.fromkeys(out))
