@@ -121,11 +121,10 @@ def test_matcher_cli_errors_before_training(tiny, tmp_path, capsys, case, messag
 
 
 def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     ids, lengths, cls = toy_tokens(160, 16, 4, seed=1)
     tr, va = slice(0, 120), slice(120, 160)
     M = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls])
-    params = {"encoder": tiny, "steps": 60, "batch_size": 16, "lr": 1e-3, "lr_head": 1e-2, "warmup_steps": 5,
+    params = {"encoder": tiny, "steps": 60, "batch_size": 16, "lr": 3e-3, "lr_head": 3e-2, "warmup_steps": 5,
               "eval_every": 30, "log_every": 10, "checkpoint_every": 0, "device": "cpu", "seed": 0}
     curve = {}
 
@@ -137,6 +136,17 @@ def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
     model, trainer = matcher.train_matcher(neural.TokenData(ids[tr], lengths[tr]), M[tr], params, tmp_path / "ck",
                                            on_step=on_step, valid=valid)
     assert trainer.step == 60 and set(curve) == {30, 60}
-    assert curve[60] >= 0.8, curve  # chance is 0.25
+    assert curve[60] >= 0.9, curve  # chance is 0.25 (at step 30 it is usually still near chance)
     scores, _ = matcher.predict_clusters(model, valid[0], topb=2, device="cpu", progress=None)
     assert matcher.top1_precision(scores, valid[1]) == pytest.approx(curve[60])
+
+
+def test_cluster_assignment_from_csr_or_cluster_tree(tmp_path):
+    from xmc_steps.cluster import ClusterTree
+
+    tree = ClusterTree.from_parents([np.zeros(3, dtype=np.int32), np.arange(6, dtype=np.int32) % 3])
+    tree.save(tmp_path / "tree.npz")
+    C = matcher.load_cluster_assignment(tmp_path / "tree.npz")
+    assert C.shape == (6, 3) and (C.toarray().argmax(1) == np.arange(6) % 3).all()
+    io.save_csr(tmp_path / "C.npz", C)
+    assert (matcher.load_cluster_assignment(tmp_path / "C.npz") != C).nnz == 0

@@ -18,6 +18,9 @@ CLI::
     python -m xmc_steps.matcher --tokens-dir DIR --labels-train Y_train.npz \\
         --labels-valid Y_valid.npz --cluster-assign C.npz --out DIR --params JSON [common args]
 
+``--cluster-assign`` is a CSR ``L x K`` 0/1 matrix, or a cluster tree file of
+:mod:`xmc_steps.cluster` (``ClusterTree.save``), whose finest cluster level is used.
+
 ``--params`` keys (:class:`MatcherParams`): encoder, pooling, last_k, max_length,
 steps, batch_size, grad_accum, lr (encoder), lr_head (head; default = lr), warmup_steps,
 weight_decay, max_grad_norm, topb, checkpoint_every, eval_every, eval_max_docs,
@@ -44,6 +47,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -310,6 +314,24 @@ def load_matcher(folder: str | os.PathLike, device: str | torch.device = "cpu") 
 # --------------------------------------------------------------------------- CLI
 
 
+def load_cluster_assignment(path: str | os.PathLike) -> sp.csr_matrix:
+    """``C`` (L x K, 0/1) from a CSR ``.npz`` or from a cluster tree of :mod:`xmc_steps.cluster`
+    (whose finest cluster level is then the flat assignment)."""
+    from .cluster import FORMAT as TREE_FORMAT, ClusterTree
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            is_tree = "format" in z.files and str(z["format"]) == TREE_FORMAT
+    except (OSError, ValueError) as e:
+        raise StageError(f"cluster assignment {path}: {e}") from e
+    if is_tree:
+        return sp.csr_matrix(ClusterTree.load(path).label_to_cluster(-1), dtype=np.float32)
+    try:
+        return io.load_csr(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"cluster assignment {path}: neither a CSR matrix nor a cluster tree ({e})") from e
+
+
 def check_inputs(params: MatcherParams, tokens: Mapping[str, neural.TokenData], Y_train: sp.spmatrix,
                  Y_valid: sp.spmatrix, C: sp.spmatrix) -> int:
     """The checks done before any model is loaded; returns the effective max_length."""
@@ -352,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid,test}.npz")
     p.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
     p.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
-    p.add_argument("--cluster-assign", required=True, help="C (.npz CSR L x K, 0/1): label -> cluster")
+    p.add_argument("--cluster-assign", required=True,
+                   help="C (.npz CSR L x K, 0/1): label -> cluster; or a cluster tree (its finest level is used)")
     p.add_argument("--out", required=True, help="output folder")
     add_common_args(p)
     args = p.parse_args(argv)
@@ -376,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
                 except (OSError, ValueError) as e:
                     raise StageError(f"tokens_{s}.npz: {e}") from e
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
-            C = io.load_csr(args.cluster_assign)
+            C = load_cluster_assignment(args.cluster_assign)
         width = check_inputs(params, tokens, Y_train, Y_valid, C)
         if params.max_length is None:
             params.max_length = width
@@ -418,8 +441,6 @@ def main(argv: list[str] | None = None) -> None:
         st.extra["model_paths"] = {"model": str(out / "model.safetensors"), "config": str(out / "matcher.json")}
         st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
         n_pred, t_pred = 0, 0.0
-        import time
-
         for s in SPLITS:
             with st.timed(f"predict_{s}"):
                 t0 = time.perf_counter()

@@ -164,6 +164,23 @@ def to_device(obj: Any, device: torch.device) -> Any:
 # --------------------------------------------------------------------------- encoder
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No weight-loading progress bar and no load report (the dropped pooler's unused
+    weights are expected) while loading; transformers' settings are restored after."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 class TextEncoder(nn.Module):
     """A Hugging Face encoder plus pooling; ``forward(input_ids, attention_mask) -> (B, dim)``.
 
@@ -192,10 +209,11 @@ class TextEncoder(nn.Module):
         # no pooler (dense + tanh): none of our poolings use it, and unused weights
         # would only be loaded, carried in the optimiser and saved
         kwargs = {"add_pooling_layer": False} if getattr(config, "model_type", "") in ("bert", "roberta", "xlm-roberta") else {}
-        if pretrained:
-            self.model = AutoModel.from_pretrained(str(path), **kwargs)
-        else:
-            self.model = AutoModel.from_config(config, **kwargs)
+        with _quiet_transformers():
+            if pretrained:
+                self.model = AutoModel.from_pretrained(str(path), **kwargs)
+            else:
+                self.model = AutoModel.from_config(config, **kwargs)
         self.hidden = int(config.hidden_size)
         self.dim = self.hidden * self.last_k
         self.max_positions = getattr(config, "max_position_embeddings", None)
@@ -698,7 +716,8 @@ class Trainer:
             while self.step < p.steps:
                 t0 = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                step_logs: dict[str, float] = {}
+                step_logs: dict[str, float] = {"loss": 0.0}
+                loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per micro-batch
                 n_seq = 0
                 for _ in range(p.grad_accum):
                     idx = self._next_indices(n_examples)
@@ -706,10 +725,11 @@ class Trainer:
                     with autocast_context(self.device, self.amp):
                         loss, logs = loss_fn(self.model, batch)
                     self.scaler.scale(loss.float() / p.grad_accum).backward()
-                    step_logs["loss"] = step_logs.get("loss", 0.0) + float(loss.detach()) / p.grad_accum
+                    loss_sum += loss.detach().float()
                     for k, v in (logs or {}).items():
                         step_logs[k] = step_logs.get(k, 0.0) + float(v) / p.grad_accum
                     n_seq += len(idx)
+                step_logs["loss"] = float(loss_sum) / p.grad_accum
                 self.scaler.unscale_(self.optimizer)
                 if p.max_grad_norm and p.max_grad_norm > 0:
                     gn = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
