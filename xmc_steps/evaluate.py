@@ -134,7 +134,8 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             "device": extra.get("device"),
             "record": r.get("_path", ""),
         })
-        for mp in extra.get("model_paths") or []:
+        mps = extra.get("model_paths") or []
+        for mp in (mps.values() if isinstance(mps, dict) else mps):
             if str(mp) not in model_paths:
                 model_paths.append(str(mp))
         lat = (r.get("metrics") or {}).get("predict_latency_ms_per_doc")

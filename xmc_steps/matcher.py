@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         io.write_json(out / "matcher.json", meta)
         st.output("model", out / "model.safetensors")
         st.output("matcher_json", out / "matcher.json")
-        st.extra["model_paths"] = {"model": str(out / "model.safetensors"), "config": str(out / "matcher.json")}
+        st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / "matcher.json")]
         st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
         n_pred, t_pred = 0, 0.0
         for s in SPLITS:

@@ -1,0 +1,287 @@
+"""ELIAS++ (§3.5): a sparse ranker over ELIAS's top predictions, and score calibration.
+
+* **Sparse ranker.** The foundation's linear one-vs-all ranker
+  (:func:`xmc_steps.ranker.train_rankers`, L2-regularised squared hinge, small weights
+  dropped) on ``[phi_neural(x) ⊕ phi_tfidf(x)]`` (each block L2-normalised), trained for
+  each label on the training points whose top-``n_candidates`` (100) ELIAS predictions
+  contain it, plus its own positives (each label is its own "cluster" of the ranker's
+  instance mask).  At prediction it scores the same top-100 candidates.
+* **Without calibration** (Table 3, "+ Sparse ranker w/o calibration") the final score is
+  ``uncalibrated``: ``product`` (default) = ELIAS score x ``T(h)`` with ``T`` the
+  l3-hinge transform, as a path product in a tree search; ``ranker`` = ``T(h)`` alone.
+  The paper does not say how the two are combined before calibration; the product
+  keeps both signals.
+* **Score calibration** (Table 3, "+ Score calibration"): a decision tree classifier
+  (scikit-learn, ``max_depth`` 5 by default) on ``[ranker score h, ELIAS score, label
+  training frequency]`` fitted on the *validation* split's candidates (never on test),
+  target = the candidate is a true label; the calibrated score is the tree's
+  probability of the positive class.  A depth-5 tree has at most 32 leaves, so many
+  candidates share a score: ties are broken by adding ``1e-6`` x the uncalibrated
+  score, which only orders candidates within one leaf.  The fitted tree is stored as
+  plain arrays (``calibration.npz``) and applied by :func:`apply_tree`, no pickle.
+
+CLI::
+
+    python -m xmc_steps.elias_plus train --tfidf X_train.npz [..] --emb emb_train.npz [..] \\
+        --labels Y_train.npz [..] --candidates elias_train.parquet [..] --label-table labels.parquet \\
+        --out DIR --params JSON
+    python -m xmc_steps.elias_plus calibrate --model DIR --tfidf X_valid.npz --emb emb_valid.npz \\
+        --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL --params JSON
+    python -m xmc_steps.elias_plus predict --model DIR [--calibration DIR_CAL] --tfidf X_test.npz \\
+        --emb emb_test.npz --candidates elias_test.parquet --out predictions.parquet --params JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import io
+from .ranker import RankerParams, append_bias, train_rankers
+from .stage import StageError, add_common_args, cli_main, stage_run
+from .xr_linear import masked_product, topk_per_row, transform
+from .xtransformer import ranker_features
+
+FORMAT = "xmc-elias-plus-v1"
+
+
+@dataclass
+class EliasPlusParams:
+    n_candidates: int = 100
+    neural_weight: float = 1.0
+    C: float = 1.0
+    threshold: float = 0.1
+    tol: float = 0.1
+    max_iter: int = 100
+    bias: float = 1.0
+    threads: int = 1
+    seed: int = 0
+    transform: str = "l3-hinge"
+    uncalibrated: str = "product"
+    max_depth: int = 5
+    topk: int = 100
+
+    def __post_init__(self) -> None:
+        if self.uncalibrated not in ("product", "ranker"):
+            raise ValueError(f"uncalibrated must be 'product' or 'ranker', got {self.uncalibrated!r}")
+
+    def ranker(self) -> RankerParams:
+        return RankerParams(C=self.C, threshold=self.threshold, tol=self.tol, max_iter=self.max_iter,
+                            negatives="tfn", threads=self.threads, bias=self.bias, seed=self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "EliasPlusParams":
+        d = dict(d or {})
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ELIAS++ parameter(s): {sorted(unknown)}")
+        return cls(**d)
+
+
+
+def candidates(scores: sp.csr_matrix, n: int) -> sp.csr_matrix:
+    """The top-``n`` ELIAS predictions per row (scores kept)."""
+    return topk_per_row(sp.csr_matrix(scores, dtype=np.float32), n)
+
+
+def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, cand: sp.csr_matrix, p: EliasPlusParams, progress=None) -> sp.csr_matrix:
+    """Sparse rankers ``W`` ((d+1) x L): label ``l`` on the rows whose candidates hold ``l``."""
+    L = Y.shape[1]
+    return train_rankers(Xr, Y, np.arange(L), cand, p.ranker(), progress=progress)
+
+
+def ranker_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, bias: float) -> np.ndarray:
+    """Raw ranker margins ``h`` for every stored candidate, in ``cand``'s order."""
+    return masked_product(append_bias(Xr, bias), sp.csc_matrix(W), cand)
+
+
+def uncalibrated_scores(elias: np.ndarray, h: np.ndarray, p: EliasPlusParams) -> np.ndarray:
+    th = transform(h, p.transform)
+    return (elias * th if p.uncalibrated == "product" else th).astype(np.float32)
+
+
+def calibration_features(h: np.ndarray, elias: np.ndarray, label_idx: np.ndarray, train_freq: np.ndarray) -> np.ndarray:
+    return np.column_stack([h, elias, train_freq[label_idx]]).astype(np.float64)
+
+
+def fit_calibration(F: np.ndarray, y: np.ndarray, max_depth: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Fit the decision tree; return its arrays (see :func:`apply_tree`)."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    if len(np.unique(y)) < 2:
+        raise StageError("score calibration needs both positive and negative candidates on the validation split")
+    t = DecisionTreeClassifier(max_depth=max_depth, random_state=seed).fit(F, y)
+    tr = t.tree_
+    value = tr.value[:, 0, :]
+    pos_col = int(np.where(t.classes_ == 1)[0][0])
+    prob = value[:, pos_col] / np.maximum(value.sum(axis=1), 1e-12)
+    return {"left": tr.children_left.astype(np.int64), "right": tr.children_right.astype(np.int64),
+            "feature": tr.feature.astype(np.int64), "threshold": tr.threshold.astype(np.float64),
+            "prob": prob.astype(np.float64)}
+
+
+def apply_tree(tree: dict[str, np.ndarray], F: np.ndarray) -> np.ndarray:
+    """Positive-class probability of each row of ``F`` (sklearn's ``x <= threshold`` goes left)."""
+    node = np.zeros(len(F), dtype=np.int64)
+    active = tree["left"][node] >= 0
+    while active.any():
+        i = np.where(active)[0]
+        nd = node[i]
+        go_left = F[i, tree["feature"][nd]] <= tree["threshold"][nd]
+        node[i] = np.where(go_left, tree["left"][nd], tree["right"][nd])
+        active = tree["left"][node] >= 0
+    return tree["prob"][node]
+
+
+def _stack_csr(paths):
+    return sp.vstack([io.load_csr(p) for p in paths], format="csr")
+
+
+def _stack_emb(paths):
+    return np.vstack([io.load_arrays(p)["emb"] for p in paths])
+
+
+def _stack_pred(paths, L):
+    return sp.vstack([io.read_predictions(p, L) for p in paths], format="csr")
+
+
+def _params(st) -> EliasPlusParams:
+    try:
+        return EliasPlusParams.from_dict(st.params)
+    except (TypeError, ValueError) as e:
+        raise StageError(str(e)) from e
+
+
+def _inputs(args, st, p, L):
+    X = _stack_csr(args.tfidf)
+    E = _stack_emb(args.emb)
+    Xr = ranker_features(X, E, "tfidf+neural", p.neural_weight)
+    cand = candidates(_stack_pred(args.candidates, L), p.n_candidates)
+    if cand.shape[0] != Xr.shape[0]:
+        raise StageError(f"{sum(1 for _ in args.candidates)} candidate table(s) hold {cand.shape[0]} rows "
+                         f"but the features {Xr.shape[0]}")
+    return Xr, cand
+
+
+def _train_cli(args) -> None:
+    out = Path(args.out)
+    with stage_run("elias_plus_ranker", args, outputs=[str(out)]) as st:
+        p = _params(st)
+        st.params.clear()
+        st.params.update(p.to_dict())
+        Y = _stack_csr(args.labels)
+        L = Y.shape[1]
+        Xr, cand = _inputs(args, st, p, L)
+        st.log.info("sparse ranker: %d labels, %d instances x %d features, %d candidates (%.1f per row)",
+                    L, Xr.shape[0], Xr.shape[1], cand.nnz, cand.nnz / max(1, cand.shape[0]))
+        every = max(1, L // 10)
+        with st.timed("train"):
+            W = train(Xr, Y, cand, p, progress=lambda d, n: st.log.info("rankers: %d/%d labels", d, n)
+                      if d % every == 0 or d == n else None)
+        tmp = out.parent / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        io.save_csr(tmp / "W.npz", W)
+        io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
+                                           "n_labels": int(L)})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        st.output("model", out)
+        st.extra["model_paths"] = [str(out)]
+        st.metric("ranker_nnz", W.nnz)
+
+
+def _load(model: str | Path):
+    meta = io.read_json(Path(model) / "ranker.json")
+    if meta.get("format") != FORMAT:
+        raise StageError(f"{model}: not an ELIAS++ ranker")
+    return io.load_csr(Path(model) / "W.npz"), meta
+
+
+def _calibrate_cli(args) -> None:
+    out = Path(args.out)
+    with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
+        W, meta = _load(args.model)
+        p = EliasPlusParams.from_dict({**meta["params"], **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
+        L = meta["n_labels"]
+        Y = _stack_csr(args.labels)
+        Xr, cand = _inputs(args, st, p, L)
+        h = ranker_scores(Xr, W, cand, p.bias)
+        coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
+        y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
+        freq = io.read_table(args.label_table, ["train_freq"]).column("train_freq").to_numpy().astype(np.float64)
+        F = calibration_features(h, cand.data, cand.indices, freq)
+        with st.timed("fit"):
+            tree = fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
+        tmp = out.parent / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        io.save_arrays(tmp / "calibration.npz", **tree)
+        io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
+                                                 "positives": int(y.sum()),
+                                                 "features": ["ranker_margin", "elias_score", "label_train_freq"]})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        st.output("calibration", out)
+        st.extra["model_paths"] = [str(out)]
+        st.metric("n_fit_candidates", len(y))
+        st.metric("fit_positive_rate", float(y.mean()))
+
+
+def _predict_cli(args) -> None:
+    with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
+        W, meta = _load(args.model)
+        p = EliasPlusParams.from_dict({**meta["params"], **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
+        L = meta["n_labels"]
+        Xr, cand = _inputs(args, st, p, L)
+        t0 = time.perf_counter()
+        h = ranker_scores(Xr, W, cand, p.bias)
+        base = uncalibrated_scores(cand.data, h, p)
+        if args.calibration:
+            tree = io.load_arrays(Path(args.calibration) / "calibration.npz")
+            freq = io.read_table(args.label_table, ["train_freq"]).column("train_freq").to_numpy().astype(np.float64)
+            score = apply_tree(tree, calibration_features(h, cand.data, cand.indices, freq)) + 1e-6 * base
+        else:
+            score = base
+        out = cand.copy()
+        out.data = score.astype(np.float32)
+        out = topk_per_row(out, p.topk)
+        dt = time.perf_counter() - t0
+        io.write_predictions(args.out, out, p.topk)
+        st.metric("predict_s", dt)
+        st.metric("predict_latency_ms_per_doc", 1000.0 * dt / max(1, out.shape[0]))
+        st.output("predictions", args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m xmc_steps.elias_plus", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("train", "calibrate", "predict"):
+        q = add_common_args(sub.add_parser(name))
+        q.add_argument("--tfidf", nargs="+", required=True)
+        q.add_argument("--emb", nargs="+", required=True)
+        q.add_argument("--candidates", nargs="+", required=True, help="ELIAS prediction tables (top-K)")
+        q.add_argument("--label-table", required=True, help="labels.parquet")
+        q.add_argument("--out", required=True)
+        if name != "predict":
+            q.add_argument("--labels", nargs="+", required=True)
+        if name != "train":
+            q.add_argument("--model", required=True)
+        if name == "predict":
+            q.add_argument("--calibration", default=None)
+    args = ap.parse_args(argv)
+    {"train": _train_cli, "calibrate": _calibrate_cli, "predict": _predict_cli}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))
