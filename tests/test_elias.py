@@ -1,0 +1,305 @@
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from tiny_encoder import make_tiny_encoder, toy_tokens
+from xmc_steps import elias, io, neural
+from xmc_steps.cluster import ClusterTree
+from xmc_steps.stage import cli_main
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny_e") / "bert")
+
+
+def _index_model(C, L, kappa, index, value=None, Wc=None, **kw):
+    """An encoder-less model over D = 2 embeddings."""
+    m = elias.EliasModel(None, C, L, kappa, dim=2, **kw)
+    m.set_adjacency(torch.tensor(index), None if value is None else torch.tensor(value, dtype=torch.float32))
+    if Wc is not None:
+        with torch.no_grad():
+            m.Wc.copy_(torch.tensor(Wc, dtype=torch.float32))
+    return m
+
+
+# --------------------------------------------------------------------------- Eqs. 1, 5, 6, 3
+
+
+def test_eq1_and_eq5_clamps_against_hand_numbers():
+    # C = 3 clusters, logits (2, 0, 0): softmax = (e^2, 1, 1) / (e^2 + 2)
+    m = _index_model(3, 4, 2, [[0, 1], [2, -1], [3, 0]], [[math.log(3.0), 0.0], [5.0, 0.0], [0.0, 0.0]],
+                     Wc=[[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]], alpha=2.0, beta=2.0)
+    _, s = m.cluster_scores(torch.tensor([[2.0, 7.0]]))
+    z = math.exp(2) + 2
+    assert s[0].tolist() == pytest.approx([1.0, 2 / z, 2 / z])  # 2 * e^2 / z = 1.57 -> clamped to 1
+    e = m.edge_scores(torch.tensor([0, 1, 2]))
+    # row 0: softmax(log 3, 0) = (.75, .25), * beta 2 = (1.5 -> 1, .5); row 1: one real entry -> 1, pad -> 0
+    # row 2: (.5, .5) * 2 = (1, 1)
+    np.testing.assert_allclose(e.detach().numpy(), [[1.0, 0.5], [1.0, 0.0], [1.0, 1.0]], rtol=1e-6)
+    # stage 1 (fixed edges): every real entry scores 1, pads 0, whatever A_value holds
+    m1 = _index_model(3, 4, 2, [[0, 1], [2, -1], [3, 0]], [[9.0, -9.0], [0.0, 0.0], [0.0, 0.0]], fixed_edges=True)
+    assert m1.edge_scores(torch.tensor([0, 1])).tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    assert not m1.A_value.requires_grad
+
+
+def test_eq6_keeps_the_best_path_to_a_label():
+    # label 3 is in rows 0 (edge .25*beta) and 1 (edge 1); clusters 0 and 1 are the top-2
+    m = _index_model(3, 5, 2, [[0, 3], [3, 1], [4, 2]], [[math.log(3.0), 0.0], [0.0, -50.0], [0.0, 0.0]],
+                     Wc=[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], alpha=1.0, beta=1.0, b=2, K=5)
+    emb = torch.tensor([[1.0, 0.5]])
+    _, s = m.cluster_scores(emb)
+    s0, s1 = s[0, 0].item(), s[0, 1].item()
+    labels, yhat, p = m.shortlist(emb)
+    got = {int(l): float(y) for l, y in zip(labels[0], yhat[0].detach()) if l >= 0}
+    e1 = 1 / (1 + math.exp(-50.0))
+    assert set(got) == {0, 1, 3}  # cluster 2 (labels 4, 2) is not in the beam
+    assert got[0] == pytest.approx(s0 * 0.75)
+    assert got[1] == pytest.approx(s1 * (1 - e1))
+    assert got[3] == pytest.approx(max(s0 * 0.25, s1 * e1))  # the path through cluster 1 wins
+    assert s1 * e1 > s0 * 0.25
+    assert (labels[0, 3:] == -1).all() and (yhat[0, 3:] == 0).all() and (p[0, 3:] == 0).all()
+    # best first, and p = sigmoid(w_l . phi) * yhat
+    assert yhat[0, 0] >= yhat[0, 1] >= yhat[0, 2]
+    w = m.wl[labels[0, :3]]
+    assert p[0, :3].tolist() == pytest.approx((torch.sigmoid(w @ emb[0]) * yhat[0, :3]).tolist())
+
+
+def test_training_parents_put_every_positive_in_the_shortlist():
+    # 4 clusters, beam 1; label 5 sits in rows 1 (a = .1) and 2 (a = .9): its parent is 2
+    index = [[0, 1, -1], [2, 3, 5], [4, 5, 6], [7, -1, -1]]
+    value = [[0, 0, 0], [0, 0, 0.1], [0, 0.9, 0], [0, 0, 0]]
+    m = _index_model(4, 8, 3, index, value, Wc=[[5, 0], [0, 0], [0, 0], [0, 0]], b=1, K=4)
+    assert m.parents(torch.tensor([5, 7, 0, 2])).tolist() == [2, 3, 0, 1]
+    emb = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    labels, _, _ = m.shortlist(emb)
+    assert set(labels[0].tolist()) - {-1} == {0, 1}  # prediction: only the beam
+    rows = torch.tensor([0, 0, 1])
+    pos = torch.tensor([5, 7, 3])
+    out = m._shortlist(emb, rows, pos)
+    for r, l in zip(rows.tolist(), pos.tolist()):
+        j = (out.labels[r] == l).nonzero()
+        assert len(j) == 1 and out.target[r, j[0, 0]]
+    assert int(out.target.sum()) == 3 and out.n_pos.tolist() == [2, 1]
+    # K = 4 < the 6 candidates of example 0 (clusters 0, 2, 3): positives are kept first
+    assert set(out.labels[0].tolist()) >= {5, 7}
+    # a label that no row holds has no parent and is never shortlisted
+    m2 = _index_model(2, 3, 1, [[0], [1]], b=1, K=3)
+    assert m2.parents(torch.tensor([2])).tolist() == [-1] and m2.unreachable_labels() == 1
+
+
+def test_loss_on_a_hand_worked_example():
+    # shortlist (0, 1, pad); yhat (.5, .25); sigmoid(z) = (.5, .75) -> p = (.25, .1875)
+    # positives: label 0 (shortlisted) and one that no path reaches
+    out = elias.Shortlist(labels=torch.tensor([[0, 1, -1]]), yhat=torch.tensor([[0.5, 0.25, 0.0]]),
+                          p=torch.tensor([[0.25, 0.1875, 0.0]]), logits=torch.tensor([[0.0, math.log(3.0), 0.0]]),
+                          target=torch.tensor([[True, False, False]]), n_pos=torch.tensor([2]))
+    eps = 1e-6
+    lc = -math.log(0.25) - math.log(1 - 0.1875)          # standard BCE (not Eq. 7's 1 - log p typo)
+    ls = -math.log(0.5) - math.log(eps)                  # the unreached positive counts as yhat = eps
+    loss, got_lc, got_ls = elias.elias_loss(out, lambda_=0.05, eps=eps)
+    assert got_lc.item() == pytest.approx(lc, rel=1e-5)
+    assert got_ls.item() == pytest.approx(ls, rel=1e-5)
+    assert loss.item() == pytest.approx(lc + 0.05 * ls, rel=1e-5)
+    # batch reduction: the mean of per-example sums
+    two = elias.Shortlist(*(torch.cat([x, x]) for x in out))
+    assert elias.elias_loss(two, 0.05, eps)[0].item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_loss_gradients_reach_encoder_side_index_and_A():
+    torch.manual_seed(0)
+    m = _index_model(3, 6, 2, [[0, 1], [2, 3], [4, 5]], [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], b=1, K=4,
+                     alpha=1.0, beta=1.0)  # no clamp active (a clamped score passes no gradient)
+    emb = torch.randn(2, 2, requires_grad=True)
+    out = m._shortlist(emb, torch.tensor([0, 1]), torch.tensor([3, 4]))
+    loss, _, _ = elias.elias_loss(out, 0.05)
+    loss.backward()
+    for t in (emb, m.Wc, m.wl, m.A_value):
+        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- init_adjacency (Eqs. 9-10)
+
+
+def test_init_adjacency_hand_worked():
+    # N = 3 documents, C = 2 clusters (top-b scores), L = 4 labels
+    M = sp.csr_matrix(np.array([[0.9, 0.1], [0.0, 1.0], [0.5, 0.0]], np.float32))
+    Y = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 1, 0, 1], [0, 0, 1, 0]], np.float32))
+    # A' = M^T Y: row 0 = (.9, .9, .5, 0); row 1 = (.1, 1.1, 0, 1.0)
+    index, value = elias.init_adjacency(M, Y, kappa=2, seed=3)
+    assert index.tolist() == [[0, 1], [1, 3]]  # row 0: tie .9/.9 -> both, label order; row 1: 1.1, 1.0
+    assert value.shape == (2, 2) and value.dtype == np.float32 and ((value > 0) & (value < 1)).all()
+    np.testing.assert_array_equal(value, np.random.default_rng(3).random((2, 2)).astype(np.float32))
+    index3, _ = elias.init_adjacency(M, Y, kappa=3, seed=3)
+    assert index3.tolist() == [[0, 1, 2], [1, 3, 0]]
+    index5, _ = elias.init_adjacency(M, Y, kappa=5, seed=3)  # fewer candidates than kappa: -1 pads
+    assert index5.tolist() == [[0, 1, 2, -1, -1], [1, 3, 0, -1, -1]]
+    # blockwise computation (one row per block) gives the same
+    assert elias.init_adjacency(M, Y, kappa=3, seed=3, max_products=1)[0].tolist() == index3.tolist()
+
+
+def test_adjacency_from_assignment_is_the_partition():
+    index, value = elias.adjacency_from_assignment(np.array([1, 0, 1, 2, 1]), 3)
+    assert index.tolist() == [[1, -1, -1], [0, 2, 4], [3, -1, -1]]
+    assert (value == 0).all()
+
+
+# --------------------------------------------------------------------------- scale: nothing dense over L
+
+
+def test_forward_is_never_dense_over_labels():
+    L, C, kappa, D, B = 200_000, 2000, 1000, 8, 2
+    g = torch.Generator().manual_seed(0)
+    m = elias.EliasModel(None, C, L, kappa, dim=D, b=8, K=500)
+    with torch.no_grad():
+        m.A_index.copy_(torch.randint(0, L, (C, kappa), generator=g))
+        m.A_value.copy_(torch.rand(C, kappa, generator=g))
+    m.rebuild_label_index()
+    emb = torch.randn(B, D, generator=g)
+    rows, pos = torch.tensor([0, 0, 1]), torch.tensor([5, 77_000, 199_999])
+    m._shortlist(emb, rows, pos)  # warm-up
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = m._shortlist(emb, rows, pos)
+        loss, _, _ = elias.elias_loss(out, 0.05)
+    dt = time.perf_counter() - t0
+    biggest = max(e.cpu_memory_usage for e in prof.events())
+    # an L-vector of floats is 800 kB, a C x L matrix 1.6 GB; the largest single allocation stays far below
+    assert biggest < 4 * L, biggest
+    assert dt < 5.0
+    assert out.labels.shape == (B, 500) and bool(out.target.sum() >= 1)
+
+
+# --------------------------------------------------------------------------- params
+
+
+def test_params_defaults_and_unknown_keys():
+    with pytest.raises(ValueError, match="unknown"):
+        elias.EliasParams.from_dict({"lambda": 0.1})
+    p1 = elias.EliasParams.from_dict({"batch_size": 10}).resolved(1, n_train=100, n_labels=1000, n_clusters=10)
+    assert (p1.alpha, p1.beta, p1.b, p1.K, p1.kappa, p1.lambda_) == (10.0, 100.0, 10, 1000, 1000, 0.0)
+    assert p1.steps == 150 and p1.lr_clf == 1e-2 and p1.lr_encoder == 1e-4
+    p2 = elias.EliasParams(steps=7, lr_A=0.1).resolved(2, 100, 100_000, 1000)
+    assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 20, 2000)
+    q = elias.EliasParams.from_dict(json.loads(json.dumps(p2.to_dict())))
+    assert q == p2
+
+
+def test_wl_delay_and_swa(tiny, tmp_path):
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, cls = toy_tokens(16, 12, 2)
+    Y = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls * 2])
+    tokens = neural.TokenData(ids, lengths)
+    p = elias.EliasParams(encoder=tiny, steps=3, batch_size=8, warmup_steps=0, wl_delay_steps=2, swa_epochs=0.5,
+                          eval_every=0, checkpoint_every=0, device="cpu").resolved(1, 16, 4, 2)
+    index, value = elias.adjacency_from_assignment(np.array([0, 0, 1, 1]), 2)
+    m = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
+    m.set_adjacency(index, value)
+    wl0, wc0 = m.wl.detach().clone(), m.Wc.detach().clone()
+    seen = {}
+
+    def on_step(step, logs):
+        seen[step] = logs
+        if step == 2:
+            assert torch.equal(m.wl, wl0)  # frozen for the first 2 steps
+            assert not torch.equal(m.Wc, wc0)
+
+    p = elias.EliasParams(**{**p.to_dict(), "log_every": 1})
+    tr = elias.train_elias(m, tokens, Y, p, tmp_path / "ck", on_step=on_step)
+    assert tr.step == 3 and set(seen) == {1, 2, 3}
+    assert {"loss", "loss_c", "loss_s"} <= set(seen[1])
+    assert not torch.equal(m.wl, wl0) and m.wl.requires_grad
+    # SWA over the last 0.5 epoch = 1 step: the average is the last weights; resuming reproduces it
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    m2 = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
+    m2.set_adjacency(index, value)
+    tr2 = elias.train_elias(m2, tokens, Y, p, tmp_path / "ck")
+    assert tr2.resumed_from == 3
+    for k, v in m2.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+
+
+# --------------------------------------------------------------------------- CLI, stage 1 -> 2 -> predict
+
+
+def _write_toy(tmp_path, n_train=96, n_valid=32, width=12):
+    """4 topics; topic t has labels {t, t+4}; the tree's 4 clusters split them ({0,1}, {2,3}, {4,5}, {6,7})."""
+    ids, lengths, cls = toy_tokens(n_train + n_valid, width, 4, seed=2)
+    L = 8
+    rows = [[t, t + 4] for t in cls]
+    Y = sp.csr_matrix((np.ones(2 * len(rows), np.float32), np.concatenate(rows), np.arange(len(rows) + 1) * 2),
+                      shape=(len(rows), L))
+    d = tmp_path / "in"
+    for s, sl in (("train", slice(0, n_train)), ("valid", slice(n_train, None))):
+        io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
+        io.save_csr(d / f"Y_{s}.npz", Y[sl])
+    io.save_arrays(d / "tokens_test.npz", input_ids=ids[n_train:], lengths=lengths[n_train:])
+    ClusterTree.from_assignments([np.arange(L) // 2]).save(d / "tree.npz")
+    return d
+
+
+def test_cli_stage1_stage2_predict(tiny, tmp_path):
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    d = _write_toy(tmp_path)
+    common = {"encoder": tiny, "batch_size": 16, "warmup_steps": 5, "b": 1, "K": 4, "alpha": 2.0, "eval_every": 40,
+              "log_every": 10, "checkpoint_every": 30, "device": "cpu", "seed": 0, "threads": 1}
+
+    def train(stage, out, params, extra):
+        argv = ["train", "--stage", str(stage), "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
+                "--labels-valid", str(d / "Y_valid.npz"), "--out", str(out), "--params", json.dumps(params),
+                "--no-tracking", "--record", str(out / "record.json")] + extra
+        assert cli_main(elias.main, argv) == 0
+        return io.read_json(out / "record.json")
+
+    o1, o2 = tmp_path / "s1", tmp_path / "s2"
+    r1 = train(1, o1, {**common, "steps": 80, "lr_encoder": 2e-3, "lr_clf": 3e-2}, ["--tree", str(d / "tree.npz")])
+    r2 = train(2, o2, {**common, "steps": 80, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
+               ["--init", str(o1)])
+    for o in (o1, o2):
+        assert (o / "model.safetensors").is_file() and (o / "elias.json").is_file() and not (o / "checkpoints").exists()
+    M = io.load_csr(o1 / "clusters_train.npz")
+    assert M.shape == (96, 4) and (np.diff(M.indptr) == 1).all() and (M.data > 0).all() and (M.data <= 1).all()
+    m1, m2 = io.read_json(o1 / "elias.json"), io.read_json(o2 / "elias.json")
+    assert (m1["stage"], m1["kappa"], m1["fixed_edges"], m1["C"], m1["L"]) == (1, 2, True, 4, 8)
+    assert (m2["stage"], m2["kappa"], m2["fixed_edges"], m2["beta"], m2["alpha"]) == (2, 4, False, 2.0, 2.0)
+    assert r2["params"]["lambda_"] == 0.05 and r1["params"]["lambda_"] == 0.0
+    assert r1["metrics"]["train_steps"] == 80 and r2["metrics"]["train_steps"] == 80
+    # stage 1 (beam 1, each cluster holds one label of a topic) reaches at most half of the positives
+    rec1, rec2 = r1["metrics"]["valid_shortlist_recall"], r2["metrics"]["valid_shortlist_recall"]
+    assert rec1 <= 0.5 + 1e-6
+    assert rec2 >= rec1, (rec1, rec2)
+
+    pred, emb, sl = tmp_path / "pred.parquet", tmp_path / "emb.npz", tmp_path / "sl.parquet"
+    argv = ["predict", "--model", str(o2), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
+            "--emb-out", str(emb), "--shortlist-out", str(sl), "--params", json.dumps({"topk": 2, "device": "cpu"}),
+            "--no-tracking", "--record", str(tmp_path / "pred.json")]
+    assert cli_main(elias.main, argv) == 0
+    P, S = io.read_predictions(pred, 8), io.read_predictions(sl, 8)
+    assert P.shape == (32, 8) and (np.diff(P.indptr) <= 2).all() and (np.diff(S.indptr) <= 2).all()
+    assert io.load_arrays(emb)["emb"].shape == (32, 32)
+    rec = io.read_json(tmp_path / "pred.json")
+    assert rec["metrics"]["predict_latency_ms_per_doc"] > 0
+    # the saved model reloads and predicts the same scores
+    model = elias.load_elias(o2)
+    r = elias.predict(model, neural.TokenData.load(d / "tokens_test.npz"), topk=2, device="cpu", progress=None)
+    np.testing.assert_allclose(r["scores"].toarray(), P.toarray(), atol=1e-5)
+
+
+def test_cli_rejects_bad_inputs(tiny, tmp_path, capsys):
+    d = _write_toy(tmp_path, n_train=8, n_valid=4)
+    argv = ["train", "--stage", "2", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
+            "--labels-valid", str(d / "Y_valid.npz"), "--out", str(tmp_path / "o"), "--params",
+            json.dumps({"encoder": tiny, "steps": 1}), "--no-tracking"]
+    assert cli_main(elias.main, argv) == 2
+    assert "--init" in capsys.readouterr().err
+    argv[2] = "1"
+    argv[-2] = json.dumps({"encoder": tiny, "stepz": 1})
+    assert cli_main(elias.main, argv + ["--tree", str(d / "tree.npz")]) == 2
+    assert "unknown ELIAS parameter" in capsys.readouterr().err
