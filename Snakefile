@@ -13,6 +13,7 @@ include: "workflow/rules/features.smk"
 include: "workflow/rules/index.smk"
 include: "workflow/rules/ranker.smk"
 include: "workflow/rules/matcher.smk"
+include: "workflow/rules/elias.smk"
 include: "workflow/rules/evaluate.smk"
 
 

@@ -99,3 +99,68 @@ def test_wiki500k_plan_with_upstream_layout(tmp_path):
     for rule in ("ingest", "tfidf", "label_embedding", "cluster", "xr_linear_train", "xr_linear_predict",
                  "parabel_train", "parabel_predict", "evaluate"):
         assert rule in out, rule
+
+
+def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):
+    """`snakemake -n results/wiki500k/elias.json` with the paper config is a complete plan."""
+    import yaml
+
+    write_raw_dataset(tmp_path / "data" / "wiki500k", [("x", ["1"])], [("y", ["1"])])
+    paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())
+    r = _run(tmp_path, "results/wiki500k/elias.json", "results/wiki500k/xtransformer.json",
+             extra=["-n", "--cores", "8"], overrides=paper)
+    out = r.stdout + r.stderr
+    jobs = [blk for blk in out.split("\nrule ")[1:]]
+    by_rule = {}
+    for blk in jobs:
+        name = blk.split(":", 1)[0].strip()
+        by_rule.setdefault(name, []).append(blk)
+    for rule in ("ingest", "tfidf", "tokenize", "label_embedding_pifa_tfidf", "cluster", "elias_stage1",
+                 "elias_stage2", "elias_predict", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict",
+                 "elias_ensemble", "matcher", "xtransformer_ranker", "xtransformer_predict", "xtransformer_ensemble",
+                 "embed_pretrained", "label_embedding_pifa_neural", "label_embedding_text", "evaluate"):
+        assert rule in by_rule, rule
+    assert len(by_rule["elias_stage1"]) == 3 and len(by_rule["elias_stage2"]) == 3     # 3 clustering seeds
+    assert len(by_rule["matcher"]) == 9                                                 # 3 indexings x 3 encoders
+    for rule in ("elias_stage1", "elias_stage2", "elias_predict", "matcher", "embed_pretrained"):
+        assert all("gpu=1" in blk for blk in by_rule[rule]), rule
+    assert "tree-b16-l123-s2" in out and "bert-base-uncased-128" in out
+
+
+NEURAL_TINY = {
+    "xtransformer": {
+        "cluster": {"branching": 2, "leaf_size": 2},
+        "embed": {"max_length": 16, "batch_size": 64},
+        "matcher": {"max_length": 16, "steps": 4, "batch_size": 8, "warmup_steps": 1, "topb": 2,
+                    "checkpoint_every": 2, "eval_every": 0},
+        "variants": {"tfidf-tfn": {"ranker_input": "tfidf", "negatives": "tfn"},
+                     "ens": {"indexing": ["pifa-tfidf", "pifa-neural"]}},
+    },
+    "elias": {
+        "max_length": 16,
+        "cluster": {"branching": 2, "leaf_size": 2},
+        "index": {"b": 2, "K": 8},
+        "stage1": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
+        "stage2": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
+        "train": {"checkpoint_every": 2, "eval_every": 0},
+    },
+}
+
+
+@pytest.mark.timeout(900)
+def test_neural_targets_end_to_end_with_minilm(tmp_path):
+    """X-Transformer (+ a variant and an ensemble) and ELIAS++ through the DAG: MiniLM, 16 tokens, a few steps."""
+    _toy(tmp_path)
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **NEURAL_TINY}}}
+    targets = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
+               "results/toy/xtransformer-ens.json", "results/toy/elias.json", "results/toy/elias-stage1.json"]
+    _run(tmp_path, *targets, overrides=over)
+    for t in targets:
+        res = json.loads((tmp_path / t).read_text())
+        assert 0 <= res["metrics"]["p_at_1"] <= 100
+        assert res["model_size_bytes"] > 0
+    full = json.loads((tmp_path / "results/toy/elias.json").read_text())
+    rules = {s["rule"] for s in full["stages"]}
+    assert {"elias_stage1", "elias_stage2", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict"} <= rules
+    # the variants share the matcher: trained once
+    assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 2     # pifa-tfidf and pifa-neural

@@ -26,6 +26,7 @@ METHOD_SECTIONS: dict[str, list[str]] = {
     "xr-linear": ["split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"],
     "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
     "xtransformer": ["split", "ingest", "tfidf", "cluster", "xtransformer", "evaluate"],
+    "elias": ["split", "ingest", "tfidf", "cluster", "elias", "evaluate"],
 }
 
 
@@ -96,7 +97,7 @@ def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dict[str, Any]:
     """The sections of the effective settings that ``method`` depends on."""
     s = dataset_settings(config, dataset)
-    base = "xtransformer" if method.startswith("xtransformer") else method
+    base = next((b for b in ("xtransformer", "elias") if method.startswith(b)), method)
     sections = METHOD_SECTIONS.get(base, sorted(s))
     return {k: s[k] for k in sections if k in s} | {"threads": s.get("threads")}
 

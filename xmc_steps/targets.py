@@ -9,6 +9,8 @@ what they depend on, so they are computed once and reused across methods and var
 * label embeddings: ``index/{emb}/label_emb.npz`` with ``emb`` = ``pifa-tfidf``,
   ``pifa-neural__{enc}`` or ``text-emb__{enc}``
 * cluster trees: ``index/{emb}/tree-b{branching}-l{leaf_size}-s{seed}.npz``
+* an ELIAS model (one clustering seed): ``elias/{tree}/{enc}-{max_length}/`` with
+  ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++)
 * an X-Transformer member (one indexing x one encoder):
   ``xtransformer/{emb}/{tree}/{enc}/matcher/`` and
   ``.../ranker-{ranker_input}-{negatives}/{model/,predictions_test.parquet}``
@@ -119,4 +121,68 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
                 f"{m.ranker_dir(res, dataset)}/predict.record.json"]
     if len(xt_members(settings, variant)) > 1:
         out.append(f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/record.json")
+    return list(dict.fromkeys(out))
+
+
+# --------------------------------------------------------------------------- ELIAS
+
+#: Table 3 build-up rows, each a variant target ``elias-<row>``.
+ELIAS_VARIANTS = ("stage1", "stage2", "ranker", "calibrated", "ensemble")
+
+
+def elias_dir(res: str, dataset: str, settings: Mapping[str, Any], seed: int) -> str:
+    """One ELIAS model: a clustering seed, an encoder, a maximum length."""
+    el = settings["elias"]
+    return f"{res}/{dataset}/elias/{tree_name(el['cluster'], seed)}/{slug(el['encoder'])}-{el['max_length']}"
+
+
+def elias_seeds(settings: Mapping[str, Any], variant: str | None) -> list[int]:
+    el = settings["elias"]
+    if variant is None:
+        return list(el["seeds"])
+    if variant == "ensemble":
+        return list(el["ensemble_seeds"])
+    if variant not in ELIAS_VARIANTS:
+        raise KeyError(f"unknown elias variant '{variant}' (known: {', '.join(ELIAS_VARIANTS)})")
+    return [el["seeds"][0]]
+
+
+def elias_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    seeds = elias_seeds(settings, variant)
+    if variant in (None, "ensemble"):
+        if len(seeds) == 1:
+            return f"{elias_dir(res, dataset, settings, seeds[0])}/plus/predictions_test_calibrated.parquet"
+        return f"{res}/{dataset}/elias/ensemble-{variant or 'main'}/predictions_test.parquet"
+    d = elias_dir(res, dataset, settings, seeds[0])
+    return {"stage1": f"{d}/stage1/pred_test.parquet", "stage2": f"{d}/stage2/pred_test.parquet",
+            "ranker": f"{d}/plus/predictions_test_uncalibrated.parquet",
+            "calibrated": f"{d}/plus/predictions_test_calibrated.parquet"}[variant]
+
+
+def elias_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    """Every stage record of an ELIAS target (for its results file)."""
+    el = settings["elias"]
+    seeds = elias_seeds(settings, variant)
+    out = [f"{tokens_dir(res, dataset, el['encoder'], el['max_length'])}/record.json",
+           f"{res}/{dataset}/index/pifa-tfidf/label_emb.record.json"]
+    stage_only = variant in ("stage1", "stage2")
+    for seed in seeds:
+        d = elias_dir(res, dataset, settings, seed)
+        out.append(f"{res}/{dataset}/index/pifa-tfidf/{tree_name(el['cluster'], seed)}.record.json")
+        out.append(f"{d}/stage1/record.json")
+        if variant == "stage1":
+            out.append(f"{d}/stage1/pred_test.record.json")
+            continue
+        out.append(f"{d}/stage2/record.json")
+        if stage_only:
+            out.append(f"{d}/stage2/pred_test.record.json")
+            continue
+        out += [f"{d}/stage2/pred_{s}.record.json" for s in SPLITS]
+        out.append(f"{d}/plus/ranker.record.json")
+        if variant == "ranker":
+            out.append(f"{d}/plus/predict_uncalibrated.record.json")
+        else:
+            out += [f"{d}/plus/calibration.record.json", f"{d}/plus/predict_calibrated.record.json"]
+    if variant in (None, "ensemble") and len(seeds) > 1:
+        out.append(f"{res}/{dataset}/elias/ensemble-{variant or 'main'}/record.json")
     return list(dict.fromkeys(out))

@@ -184,7 +184,7 @@ def _train_cli(args) -> None:
             Y = _stack_csr(args.labels)
             M_hat = _stack_csr(args.clusters)
             emb = _stack_emb(args.emb)
-            C = ClusterTree.load(args.tree).assignment(-1)
+            C = ClusterTree.load(args.tree).label_to_cluster(-1)
         if not (X.shape[0] == Y.shape[0] == M_hat.shape[0]):
             raise StageError(f"row counts differ: TF-IDF {X.shape[0]}, labels {Y.shape[0]}, matcher clusters {M_hat.shape[0]}")
         if M_hat.shape[1] != C.shape[1]:

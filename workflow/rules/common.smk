@@ -24,12 +24,12 @@ except xcfg.ConfigError as e:
 PY = sys.executable
 DATA = config["data_dir"]
 RES = config["results_dir"]
-METHODS = ["xr-linear", "parabel", "xtransformer"]
+METHODS = ["xr-linear", "parabel", "xtransformer", "elias"]
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    method=r"xr-linear|parabel|xtransformer(-[A-Za-z0-9_.-]+)?",
+    method=r"xr-linear|parabel|(xtransformer|elias)(-[A-Za-z0-9_.-]+)?",
     enc=r"[A-Za-z0-9._][A-Za-z0-9._-]*",
     maxlen=r"\d+",
     emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",

@@ -8,6 +8,8 @@ def method_predictions(w):
     base, variant = xtg.split_method(w.method)
     if base == "xtransformer":
         return xtg.xt_predictions(RES, w.dataset, S(w), variant)
+    if base == "elias":
+        return xtg.elias_predictions(RES, w.dataset, S(w), variant)
     return f"{RES}/{w.dataset}/{w.method}/predictions_test.parquet"
 
 
@@ -21,6 +23,8 @@ def stage_records(w):
         enc = {m.enc for m in xtg.xt_members(s, variant)}
         out += [f"{xtg.tokens_dir(RES, w.dataset, xtg.unslug(e), s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
         return out + xtg.xt_records(RES, w.dataset, s, variant)
+    if base == "elias":
+        return out + xtg.elias_records(RES, w.dataset, S(w), variant)
     if base == "xr-linear":
         tree = xtg.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
         out += [f"{d}/index/pifa-tfidf/label_emb.record.json", tree.replace(".npz", ".record.json")]
