@@ -53,7 +53,7 @@ def test_combiners_differ_as_documented():
     X, Y, C = _toy(n=200)
     G = (Y @ C).tocsr()
     G.data[:] = 0.5
-    p = XTransformerRankerParams(ranker_input="tfidf", negatives="tfn", topb=4)
+    p = XTransformerRankerParams(ranker_input="tfidf", negatives="tfn", topb=4, combiner="product")
     W = train(X, Y, C, G, p)
     prod = predict(X, W, C, G, p)
     p.combiner = "ranker"

@@ -16,15 +16,19 @@ one-vs-all rankers ``h(x, l) = w_l^T phi(x)`` and combines both:
   (the paper's ``-inf``); inside, ``f(x, l) = sigma(g(x, c_l), h(x, l))`` with the
   combiner ``sigma`` chosen by ``combiner``:
 
-  - ``product`` (default): ``T(g) * T(h)``, the product of the transformed matcher and
-    ranker scores, as the XR-Linear beam search scores a path;
-  - ``ranker``: ``T(h)`` alone (the matcher only selects the clusters);
+  - ``ranker`` (default): ``T(h)``; the matcher decides which clusters are searched
+    (labels outside them are ``-inf``), the ranker orders the labels inside;
+  - ``product``: ``T(g) * T(h)``, the product of the transformed matcher and ranker
+    scores, as the XR-Linear beam search scores a path;
   - ``mean``: ``(T(g) + T(h)) / 2``;
 
   where ``T`` is ``transform`` (l3-hinge ``exp(-max(0, 1 - z)^3)`` by default: both the
   matcher (Eq. 3) and the rankers are squared-hinge models, whose margin is 1).  The
   paper leaves sigma open ("a non-linear activation function to combine the final
-  scores"); ``product`` is the reading we default to.
+  scores").  We default to ``ranker``: on the debtags *validation* split (rankers fit
+  on train only, MiniLM matcher over 64 clusters) it gave P@1 92.9 against 91.8 for
+  ``product`` and 92.3 for ``mean`` — the fine-tuned matcher's squared-hinge scores are
+  over-confident, and multiplying them in demotes good labels of a runner-up cluster.
 
 CLI::
 
@@ -73,7 +77,7 @@ class XTransformerRankerParams:
     seed: int = 0
     topb: int = 10                 # matcher clusters searched at prediction time
     topk: int = 100
-    combiner: str = "product"
+    combiner: str = "ranker"
     transform: str = "l3-hinge"
 
     def __post_init__(self) -> None:
