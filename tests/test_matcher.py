@@ -83,7 +83,7 @@ def test_matcher_cli_end_to_end(tiny, tmp_path):
     rec = io.read_json(out / "record.json")
     assert rec["metrics"]["train_steps"] == 4 and rec["metrics"]["train_seq_per_s"] > 0
     assert 0 <= rec["metrics"]["valid_cluster_p_at_1"] <= 1
-    assert rec["extra"]["model_paths"]["model"] == str(out / "model.safetensors")
+    assert rec["extra"]["model_paths"][0] == str(out / "model.safetensors")
     # the saved model loads back and reproduces the written embeddings
     m = matcher.load_matcher(out)
     scores, emb = matcher.predict_clusters(m, neural.TokenData.load(d / "tokens_test.npz"), 2, device="cpu",

@@ -143,6 +143,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import encoders, io, neural
+from .devices import require_device
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-elias-v1"
@@ -189,6 +190,7 @@ class EliasParams:
     log_every: int = 10
     amp: str = "auto"
     device: str = "auto"
+    allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     seed: int = 0
     threads: int | None = None
     topk: int = 100                 # prediction: labels written per document
@@ -898,11 +900,15 @@ def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -
     return width
 
 
-def _parse_params(st) -> EliasParams:
+def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
+    """Typed parameters; the device is checked first (a GPU rule without a GPU fails early)."""
     try:
-        return EliasParams.from_dict(st.params)
+        params = EliasParams.from_dict(st.params)
     except (TypeError, ValueError) as e:
         raise StageError(str(e)) from e
+    params.device = str(require_device(params.device, params.allow_cpu_fallback,
+                                       config_key="elias.train.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
+    return params
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -910,7 +916,7 @@ def _train_main(args: argparse.Namespace) -> None:
     stage = int(args.stage)
     names = ["model.safetensors", "elias.json"] + (["clusters_train.npz"] if stage == 1 else [])
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in names]) as st:
-        params = _parse_params(st)
+        params = _parse_params(st, args, f"elias_stage{stage}")
         if params.threads:
             torch.set_num_threads(params.threads)
         with st.timed("load"):
@@ -995,7 +1001,7 @@ def _train_main(args: argparse.Namespace) -> None:
                     "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
                     stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
                     params.beta, params.lambda_, params.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
-        device = neural.resolve_device(params.device)
+        device = neural.resolve_device(params.device)  # already checked by require_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -1043,7 +1049,7 @@ def _train_main(args: argparse.Namespace) -> None:
 def _predict_main(args: argparse.Namespace) -> None:
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
-        params = _parse_params(st)
+        params = _parse_params(st, args, "elias_predict")
         if params.threads:
             torch.set_num_threads(params.threads)
         try:
@@ -1054,7 +1060,7 @@ def _predict_main(args: argparse.Namespace) -> None:
         if tokens.max_length != meta["max_length"]:
             raise StageError(f"tokens have width {tokens.max_length} but the model was trained with "
                              f"{meta['max_length']}")
-        device = neural.resolve_device(params.device)
+        device = neural.resolve_device(params.device)  # already checked by require_device
         with st.timed("load"):
             model = load_elias(args.model, device)
         b = params.b if params.b is not None else model.b

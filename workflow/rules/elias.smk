@@ -39,13 +39,14 @@ rule elias_stage1:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(1),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=EL + "/stage1",
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=1440,
+        # per-dataset overrides: resources.elias_stage1.mem_mb / .runtime in config.yaml
+        mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("mem_mb", 16000),
+        runtime=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("runtime", 1440),
         gpu=1,
     shell:
         "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
@@ -69,14 +70,15 @@ rule elias_stage2:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(2),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         init=EL + "/stage1",
         out=EL + "/stage2",
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=1440,
+        # per-dataset overrides: resources.elias_stage2.mem_mb / .runtime in config.yaml
+        mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("mem_mb", 16000),
+        runtime=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("runtime", 1440),
         gpu=1,
     shell:
         "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
@@ -102,13 +104,15 @@ rule elias_predict:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "threads": S(w)["threads"],
-                                       "device": S(w)["elias"]["train"]["device"]}),
-        hash=config_hash,
+                                       "device": S(w)["elias"]["train"]["device"],
+                                       "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"]}),
+        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2"),
         model=EL + "/stage{stage}",
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=240,
+        # per-dataset overrides: resources.elias_predict.mem_mb / .runtime in config.yaml
+        mem_mb=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("mem_mb", 16000),
+        runtime=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("runtime", 240),
         gpu=1,
     shell:
         "{PY} -m xmc_steps.elias predict --model {params.model} --tokens {input.tokens} "
@@ -137,7 +141,7 @@ rule elias_plus_ranker:
         "logs/elias_plus_ranker/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=plus_params,
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: threads_of
     resources:
         mem_mb=16000,
@@ -165,7 +169,7 @@ rule elias_plus_calibrate:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=plus_params,
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: 1
     resources:
         mem_mb=8000,
@@ -195,7 +199,7 @@ rule elias_plus_predict:
         "logs/elias_plus_predict/{dataset}-{tree}-{enc}-{maxlen}-{cal}.log",
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
         cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
     threads: 1
     resources:
@@ -225,7 +229,7 @@ rule elias_ensemble:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:
         settings=lambda w: json.dumps({"method": S(w)["elias"]["ensemble"], "topk": S(w)["evaluate"]["topk"]}),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: 1
     resources:
         mem_mb=8000,

@@ -53,8 +53,11 @@ rule evaluate:
         records=stage_records,
         config=rules.effective_config.output,
     output:
-        result=RES + "/{dataset}/{method}.json",
-        plot=RES + "/{dataset}/{method}_decile_recall.png",
+        # `snakemake --report report.html <targets>`: one category per dataset, a subcategory per method
+        result=report(RES + "/{dataset}/{method}.json", category="{dataset}", subcategory="{method}",
+                      labels={"dataset": "{dataset}", "method": "{method}", "file": "metrics (JSON)"}),
+        plot=report(RES + "/{dataset}/{method}_decile_recall.png", category="{dataset}", subcategory="{method}",
+                    labels={"dataset": "{dataset}", "method": "{method}", "file": "decile-wise recall@100"}),
         record=RES + "/{dataset}/records/{method}.evaluate.json",
     log:
         "logs/evaluate/{dataset}-{method}.log",

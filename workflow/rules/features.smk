@@ -14,7 +14,7 @@ rule tfidf:
         "logs/tfidf/{dataset}.log",
     params:
         settings=P("tfidf"),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf"),
         ingest=RES + "/{dataset}/ingest",
         out=RES + "/{dataset}/features/tfidf",
     threads: 1
@@ -38,7 +38,7 @@ rule tokenize:
         "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
         settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen)}),
-        hash=config_hash,
+        hash=H("split", "ingest"),
         ingest=RES + "/{dataset}/ingest",
         out=RES + "/{dataset}/features/tokens/{enc}-{maxlen}",
     threads: 1
@@ -61,13 +61,15 @@ rule embed_pretrained:
     log:
         "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"]}),
-        hash=config_hash,
+        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"],
+                                       "allow_cpu_fallback": S(w)["xtransformer"]["embed"]["allow_cpu_fallback"]}),
+        hash=H("split", "ingest"),
         out=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}",
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=240,
+        # per-dataset overrides: resources.embed_pretrained.mem_mb / .runtime in config.yaml
+        mem_mb=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("mem_mb", 8000),
+        runtime=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("runtime", 240),
         gpu=1,
     shell:
         "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} "

@@ -14,7 +14,7 @@ rule label_embedding_pifa_tfidf:
     log:
         "logs/label_embedding/{dataset}-pifa-tfidf.log",
     params:
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf"),
     threads: 1
     resources:
         mem_mb=8000,
@@ -37,7 +37,7 @@ rule label_embedding_pifa_neural:
     log:
         "logs/label_embedding/{dataset}-pifa-neural__{enc}.log",
     params:
-        hash=config_hash,
+        hash=H("split", "ingest"),
     threads: 1
     resources:
         mem_mb=8000,
@@ -59,7 +59,7 @@ rule label_embedding_text:
         "logs/label_embedding/{dataset}-text-emb__{enc}.log",
     params:
         settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": S(w)["xtransformer"]["embed"]["max_length"]}),
-        hash=config_hash,
+        hash=H("split", "ingest", "xtransformer.embed"),
     threads: threads_of
     resources:
         mem_mb=8000,
@@ -80,7 +80,7 @@ rule cluster:
     log:
         "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}-s{seed}.log",
     params:
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster"),
         c=lambda w: S(w)["cluster"],
     threads: 1
     resources:

@@ -35,13 +35,14 @@ rule matcher:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
         settings=matcher_params,
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=XT + "/matcher",
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=720,
+        # per-dataset overrides: resources.matcher.mem_mb / .runtime in config.yaml
+        mem_mb=lambda w: S(w).get("resources", {}).get("matcher", {}).get("mem_mb", 16000),
+        runtime=lambda w: S(w).get("resources", {}).get("matcher", {}).get("runtime", 720),
         gpu=1,
     shell:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
@@ -91,7 +92,7 @@ rule xtransformer_ranker:
         "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}.log",
     params:
         settings=xt_ranker_params,
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"),
         emb=lambda w, input: f"--emb {' '.join(input.emb)}" if w.rin == "tfidf+neural" else "",
     threads: threads_of
     resources:
@@ -119,7 +120,7 @@ rule xtransformer_predict:
         "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}.log",
     params:
         settings=lambda w: xt_ranker_params(w, predict=True),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"),
         emb=lambda w, input: f"--emb {input.emb}" if w.rin == "tfidf+neural" else "",
     threads: 1
     resources:
@@ -151,7 +152,7 @@ rule xtransformer_ensemble:
     params:
         settings=lambda w: json.dumps({"method": xtg.xt_spec(S(w), xt_variant(w))["ensemble"],
                                        "topk": S(w)["evaluate"]["topk"]}),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer"),
     threads: 1
     resources:
         mem_mb=8000,

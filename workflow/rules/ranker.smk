@@ -25,7 +25,7 @@ rule xr_linear_train:
         "logs/xr_linear_train/{dataset}.log",
     params:
         settings=P("xr_linear", drop=("fit_on", "topk")),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
         mem_mb=8000,
@@ -49,7 +49,7 @@ rule xr_linear_predict:
         "logs/xr_linear_predict/{dataset}.log",
     params:
         settings=P("xr_linear", keep=("beam", "topk", "transform"), threads=False),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
         mem_mb=8000,
@@ -73,7 +73,7 @@ rule parabel_train:
         "logs/parabel_train/{dataset}.log",
     params:
         settings=P("parabel"),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "parabel"),
     threads: threads_of
     resources:
         mem_mb=8000,
@@ -98,7 +98,7 @@ rule parabel_predict:
         "logs/parabel_predict/{dataset}.log",
     params:
         settings=P("parabel"),
-        hash=config_hash,
+        hash=H("split", "ingest", "tfidf", "parabel"),
     threads: threads_of
     resources:
         mem_mb=8000,

@@ -1,0 +1,85 @@
+"""xmc_steps.devices.require_device: a GPU rule without a GPU fails unless the CPU is allowed."""
+
+import logging
+
+import pytest
+import torch
+
+from xmc_steps.devices import require_device
+from xmc_steps.stage import StageError
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_auto_picks_cuda_when_available(two_gpus):
+    assert require_device("auto", allow_cpu_fallback=False) == torch.device("cuda")
+    assert require_device("auto", allow_cpu_fallback=True) == torch.device("cuda")
+    assert require_device("", allow_cpu_fallback=False) == torch.device("cuda")      # empty = auto
+
+
+def test_auto_without_gpu_fails_naming_the_key_and_cuda_visible_devices(no_gpu, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(StageError) as e:
+        require_device("auto", allow_cpu_fallback=False)
+    msg = str(e.value)
+    assert "allow_cpu_fallback" in msg and "CUDA_VISIBLE_DEVICES" in msg
+    assert "needs a GPU" in msg
+
+
+def test_error_names_the_rule_and_its_config_key(no_gpu, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(StageError) as e:
+        require_device("auto", False, config_key="elias.train.allow_cpu_fallback", rule="elias_stage1")
+    msg = str(e.value)
+    assert "elias.train.allow_cpu_fallback: true" in msg and "'elias_stage1'" in msg
+    assert "CUDA_VISIBLE_DEVICES=unset" in msg
+
+
+def test_error_mentions_the_slurm_job(no_gpu, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(StageError, match=r"SLURM job 42") as e:
+        require_device("auto", False)
+    assert "CUDA_VISIBLE_DEVICES='0'" in str(e.value)
+
+
+def test_auto_without_gpu_falls_back_when_allowed(no_gpu, caplog):
+    with caplog.at_level(logging.WARNING, logger="xmc.devices"):
+        assert require_device("auto", allow_cpu_fallback=True) == torch.device("cpu")
+    assert "running on the CPU" in caplog.text
+
+
+def test_explicit_cuda_without_gpu(no_gpu):
+    with pytest.raises(StageError, match="allow_cpu_fallback"):
+        require_device("cuda", allow_cpu_fallback=False)
+    with pytest.raises(StageError, match="allow_cpu_fallback"):
+        require_device("cuda:1", allow_cpu_fallback=False)
+    assert require_device("cuda", allow_cpu_fallback=True) == torch.device("cpu")
+
+
+def test_explicit_cuda_with_gpus(two_gpus):
+    assert require_device("cuda", False) == torch.device("cuda")
+    assert require_device("CUDA:1", False) == torch.device("cuda", 1)
+    with pytest.raises(StageError, match="only 2 CUDA device"):
+        require_device("cuda:2", allow_cpu_fallback=True)        # a wrong index is never a fallback
+
+
+def test_cpu_is_always_allowed(no_gpu, two_gpus):
+    assert require_device("cpu", allow_cpu_fallback=False) == torch.device("cpu")
+
+
+def test_unknown_device_is_an_error(two_gpus):
+    with pytest.raises(StageError, match="unknown device"):
+        require_device("tpu0", allow_cpu_fallback=True)
+    with pytest.raises(StageError, match="unsupported device"):
+        require_device("meta", allow_cpu_fallback=True)
