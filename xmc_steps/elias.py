@@ -877,27 +877,7 @@ def _copy_stage1_weights(model: EliasModel, folder: Path) -> None:
 
 
 def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -> int:
-    from transformers import AutoConfig
-
-    path = encoders.resolve(params.encoder)
-    try:
-        cfg = AutoConfig.from_pretrained(str(path))
-    except Exception as e:  # noqa: BLE001
-        raise StageError(f"encoder '{params.encoder}' ({path}): cannot read its config: {e}") from None
-    widths = {s: t.max_length for s, t in tokens.items()}
-    if len(set(widths.values())) != 1:
-        raise StageError(f"token files have different widths: {widths}")
-    width = next(iter(widths.values()))
-    if params.max_length is not None and params.max_length != width:
-        raise StageError(f"elias max_length = {params.max_length} but the tokens were made with max_length {width}")
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is not None and width > limit:
-        raise StageError(f"the tokens' max length {width} exceeds the {limit} positions of encoder '{params.encoder}'")
-    vocab = getattr(cfg, "vocab_size", None)
-    top = max(t.max_token_id() for t in tokens.values())
-    if vocab is not None and top >= vocab:
-        raise StageError(f"token id {top} is outside the vocabulary ({vocab}) of encoder '{params.encoder}'")
-    return width
+    return neural.check_tokens(params.encoder, tokens, params.max_length, "elias")
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:

@@ -337,13 +337,6 @@ def load_cluster_assignment(path: str | os.PathLike) -> sp.csr_matrix:
 def check_inputs(params: MatcherParams, tokens: Mapping[str, neural.TokenData], Y_train: sp.spmatrix,
                  Y_valid: sp.spmatrix, C: sp.spmatrix) -> int:
     """The checks done before any model is loaded; returns the effective max_length."""
-    from transformers import AutoConfig
-
-    path = encoders.resolve(params.encoder)  # StageError when not available offline
-    try:
-        cfg = AutoConfig.from_pretrained(str(path))
-    except Exception as e:  # noqa: BLE001
-        raise StageError(f"encoder '{params.encoder}' ({path}): cannot read its config: {e}") from None
     L, K = C.shape
     if K < 2:
         raise StageError(f"the cluster assignment has K = {K} cluster(s); the matcher needs K >= 2")
@@ -354,21 +347,7 @@ def check_inputs(params: MatcherParams, tokens: Mapping[str, neural.TokenData], 
             raise StageError(f"Y_{name} has {Y.shape[1]} labels but the cluster assignment has {L} rows")
         if Y.shape[0] != len(tokens[name]):
             raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
-    widths = {s: t.max_length for s, t in tokens.items()}
-    if len(set(widths.values())) != 1:
-        raise StageError(f"token files have different widths: {widths}")
-    width = next(iter(widths.values()))
-    if params.max_length is not None and params.max_length != width:
-        raise StageError(f"matcher max_length = {params.max_length} but the tokens were made with max_length {width}")
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is not None and width > limit:
-        raise StageError(f"the tokens' max length {width} exceeds the {limit} positions of encoder '{params.encoder}'")
-    vocab = getattr(cfg, "vocab_size", None)
-    top = max(t.max_token_id() for t in tokens.values())
-    if vocab is not None and top >= vocab:
-        raise StageError(f"token id {top} is outside the vocabulary ({vocab}) of encoder '{params.encoder}': "
-                         "were the tokens made with another tokenizer?")
-    return width
+    return neural.check_tokens(params.encoder, tokens, params.max_length, "matcher")
 
 
 def main(argv: list[str] | None = None) -> None:

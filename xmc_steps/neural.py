@@ -237,6 +237,39 @@ class TextEncoder(nn.Module):
                 "hidden": self.hidden, "max_positions": self.max_positions}
 
 
+def check_tokens(encoder: str, tokens: Mapping[str, "TokenData"], max_length: int | None, what: str) -> int:
+    """Check token files against an encoder before any training; returns their width.
+
+    Errors (:class:`~xmc_steps.stage.StageError`): the encoder is not loadable offline,
+    the files differ in width, the width differs from the configured ``max_length``,
+    exceeds the encoder's positions, or a token id is outside its vocabulary.
+    """
+    from transformers import AutoConfig
+
+    from .stage import StageError
+
+    path = encoders.resolve(encoder)  # StageError when not available offline
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise StageError(f"encoder '{encoder}' ({path}): cannot read its config: {e}") from None
+    widths = {s: t.max_length for s, t in tokens.items()}
+    if len(set(widths.values())) != 1:
+        raise StageError(f"token files have different widths: {widths}")
+    width = next(iter(widths.values()))
+    if max_length is not None and max_length != width:
+        raise StageError(f"{what} max_length = {max_length} but the tokens were made with max_length {width}")
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and width > limit:
+        raise StageError(f"the tokens' max length {width} exceeds the {limit} positions of encoder '{encoder}'")
+    vocab = getattr(cfg, "vocab_size", None)
+    top = max(t.max_token_id() for t in tokens.values())
+    if vocab is not None and top >= vocab:
+        raise StageError(f"token id {top} is outside the vocabulary ({vocab}) of encoder '{encoder}': "
+                         "were the tokens made with another tokenizer?")
+    return width
+
+
 # --------------------------------------------------------------------------- token data
 
 
