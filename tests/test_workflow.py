@@ -143,6 +143,7 @@ NEURAL_TINY = {
         "stage1": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
         "stage2": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
         "train": {"checkpoint_every": 2, "eval_every": 0},
+        "ensemble_seeds": [0, 1],
     },
 }
 
@@ -153,7 +154,8 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     _toy(tmp_path)
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **NEURAL_TINY}}}
     targets = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
-               "results/toy/xtransformer-ens.json", "results/toy/elias.json", "results/toy/elias-stage1.json"]
+               "results/toy/xtransformer-ens.json", "results/toy/elias.json", "results/toy/elias-stage1.json",
+               "results/toy/elias-ensemble.json"]
     _run(tmp_path, *targets, overrides=over)
     for t in targets:
         res = json.loads((tmp_path / t).read_text())
@@ -162,5 +164,7 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     full = json.loads((tmp_path / "results/toy/elias.json").read_text())
     rules = {s["rule"] for s in full["stages"]}
     assert {"elias_stage1", "elias_stage2", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict"} <= rules
+    ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
+    assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     # the variants share the matcher: trained once
     assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 2     # pifa-tfidf and pifa-neural

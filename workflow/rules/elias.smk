@@ -105,8 +105,9 @@ rule elias_predict:
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "threads": S(w)["threads"],
                                        "device": S(w)["elias"]["train"]["device"],
-                                       "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"]}),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2"),
+                                       "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"],
+                                       **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
+        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2", "elias.predict"),
         model=EL + "/stage{stage}",
     threads: threads_of
     resources:
