@@ -20,6 +20,8 @@ rule prepare:
     resources:
         mem_mb=2000,
         runtime=30,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.prepare_debtags --out {params.out} --work-dir {params.workdir} "
         "--log {log:q} --dataset debtags --rule prepare"
@@ -47,6 +49,8 @@ rule ingest:
     resources:
         mem_mb=4000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.ingest --name {wildcards.dataset} --data-dir {DATA} "
         "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "

@@ -48,6 +48,8 @@ rule elias_stage1:
         mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("mem_mb", 16000),
         runtime=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("runtime", 1440),
         gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
@@ -80,6 +82,8 @@ rule elias_stage2:
         mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("mem_mb", 16000),
         runtime=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("runtime", 1440),
         gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
         "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} "
@@ -115,6 +119,8 @@ rule elias_predict:
         mem_mb=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("mem_mb", 16000),
         runtime=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("runtime", 240),
         gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} "
@@ -147,6 +153,8 @@ rule elias_plus_ranker:
     resources:
         mem_mb=16000,
         runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
         "--candidates {input.cand} --label-table {input.labels} --out {output.model} "
@@ -175,6 +183,8 @@ rule elias_plus_calibrate:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
         "--labels {input.Y} --candidates {input.cand} --label-table {input.labels} --out {output.model} "
@@ -206,6 +216,8 @@ rule elias_plus_predict:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
         "--emb {input.emb} --candidates {input.cand} --label-table {input.labels} --out {output.predictions} "
@@ -235,6 +247,8 @@ rule elias_ensemble:
     resources:
         mem_mb=8000,
         runtime=30,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "

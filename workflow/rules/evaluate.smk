@@ -38,6 +38,8 @@ rule effective_config:
     params:
         settings=lambda w: json.dumps(xcfg.method_settings(config, w.dataset, w.method), sort_keys=True),
     localrule: True
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.config --dataset {wildcards.dataset} --method {wildcards.method} "
         "--settings {params.settings:q} --out {output}"
@@ -68,6 +70,8 @@ rule evaluate:
     resources:
         mem_mb=8000,
         runtime=30,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.evaluate --predictions {input.predictions} --truth {input.truth} "
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "

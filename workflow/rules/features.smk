@@ -21,6 +21,8 @@ rule tfidf:
     resources:
         mem_mb=8000,
         runtime=120,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.tfidf --ingest {params.ingest} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
@@ -45,6 +47,8 @@ rule tokenize:
     resources:
         mem_mb=8000,
         runtime=120,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
@@ -71,6 +75,8 @@ rule embed_pretrained:
         mem_mb=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("mem_mb", 8000),
         runtime=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("runtime", 240),
         gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} "
         "--params {params.settings:q} --record {output.record} "

@@ -19,6 +19,8 @@ rule label_embedding_pifa_tfidf:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
@@ -42,6 +44,8 @@ rule label_embedding_pifa_neural:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
@@ -64,6 +68,8 @@ rule label_embedding_text:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.label_embedding --kind text-emb --label-table {input.labels} "
         "--out {output.emb} --params {params.settings:q} --record {output.record} "
@@ -86,6 +92,8 @@ rule cluster:
     resources:
         mem_mb=8000,
         runtime=120,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.cluster --label-emb {input.emb} --out {output.tree} "
         "--branching {wildcards.branching} --leaf-size {wildcards.leaf} "

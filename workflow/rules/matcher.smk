@@ -44,6 +44,8 @@ rule matcher:
         mem_mb=lambda w: S(w).get("resources", {}).get("matcher", {}).get("mem_mb", 16000),
         runtime=lambda w: S(w).get("resources", {}).get("matcher", {}).get("runtime", 720),
         gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --out {params.out} "
@@ -98,6 +100,8 @@ rule xtransformer_ranker:
     resources:
         mem_mb=16000,
         runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
         "--clusters {input.clusters} --tree {input.tree} --out {output.model} "
@@ -126,6 +130,8 @@ rule xtransformer_predict:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xtransformer predict --model {input.model} --tfidf {input.X} {params.emb} "
         "--clusters {input.clusters} --out {output.predictions} "
@@ -157,6 +163,8 @@ rule xtransformer_ensemble:
     resources:
         mem_mb=8000,
         runtime=30,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "

@@ -30,6 +30,8 @@ rule xr_linear_train:
     resources:
         mem_mb=8000,
         runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
         "--out {output.model} --params {params.settings:q} --record {output.record} "
@@ -54,6 +56,8 @@ rule xr_linear_predict:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "
@@ -78,6 +82,8 @@ rule parabel_train:
     resources:
         mem_mb=8000,
         runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} "
         "--out {output.model} --params {params.settings:q} --record {output.record} "
@@ -103,6 +109,8 @@ rule parabel_predict:
     resources:
         mem_mb=8000,
         runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} "
         "--label-table {input.labels} "

@@ -1,0 +1,34 @@
+"""Every rule is complete: log, threads, memory, runtime, a conda environment; GPU rules ask for a GPU."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_RULES = {"embed_pretrained", "matcher", "elias_stage1", "elias_stage2", "elias_predict"}
+
+
+def _rules():
+    for f in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        parts = re.split(r"(?m)^rule (\w+):\n", f.read_text())
+        for name, body in zip(parts[1::2], parts[2::2]):
+            yield f.name, name, body
+
+
+def test_every_job_rule_declares_its_resources():
+    seen = set()
+    for fname, name, body in _rules():
+        seen.add(name)
+        if "shell:" not in body:
+            continue
+        where = f"{fname}: rule {name}"
+        assert "conda:" in body, where
+        assert "localrule: True" in body or all(k in body for k in ("log:", "threads:", "mem_mb=", "runtime=")), where
+        assert ("gpu=1" in body) == (name in GPU_RULES), where
+    assert GPU_RULES <= seen
+
+
+def test_logs_follow_rule_and_wildcards():
+    for fname, name, body in _rules():
+        m = re.search(r'log:\n\s+"logs/(\w+)/', body)
+        if m:
+            assert m.group(1) in (name, name.rsplit("_", 1)[0], "label_embedding"), f"{fname}: rule {name}"
