@@ -25,7 +25,9 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
 * ``model_size_bytes``: total size of the files (recursively for folders) listed in
   the records' ``extra.model_paths`` (0 when no record lists any);
 * ``predict_latency_ms_per_doc``: ``metrics.predict_latency_ms_per_doc`` of the
-  record(s) that carry it, summed when several do (an ensemble runs each member);
+  ``predict``-phase record(s) that carry it, summed when several do (an ensemble runs
+  each member; ELIAS++ runs the ELIAS model and then its ranker); predictions made on
+  the training or validation split to train a later stage are ``train`` phase;
   ``null`` when none does;
 * the effective config (``--effective-config`` JSON) and ``--config-hash``,
   package versions, device, MLflow run ids (this stage's and the parent run's),
@@ -139,7 +141,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             if str(mp) not in model_paths:
                 model_paths.append(str(mp))
         lat = (r.get("metrics") or {}).get("predict_latency_ms_per_doc")
-        if lat is not None:
+        if lat is not None and record_phase(r) == "predict":
             latency = (latency or 0.0) + float(lat)
     size = 0
     for mp in model_paths:

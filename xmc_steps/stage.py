@@ -51,6 +51,8 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--rule", default="", help="Snakemake rule name (for tracking)")
     p.add_argument("--config-hash", default="", help="hash of the effective config")
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    p.add_argument("--phase", choices=("data", "train", "predict", "eval"), default=None,
+                   help="what the stage's cost counts towards in results (default: by stage name)")
     return p
 
 
@@ -139,6 +141,8 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
     """
     log = get_logger(stage, getattr(args, "log", None))
     ctx = StageContext(stage=stage, args=args, log=log, params=parse_params(args))
+    if getattr(args, "phase", None):
+        ctx.extra["phase"] = args.phase
     record_path = getattr(args, "record", None)
     declared = list(outputs or [])
     log.info("stage %s starting (pid %d)", stage, os.getpid())

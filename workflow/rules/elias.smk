@@ -113,6 +113,7 @@ rule elias_predict:
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
         hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2", "elias.predict"),
         model=EL + "/stage{stage}",
+        phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
     resources:
         # per-dataset overrides: resources.elias_predict.mem_mb / .runtime in config.yaml
@@ -124,6 +125,7 @@ rule elias_predict:
     shell:
         "{PY} -m xmc_steps.elias predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} "
+        "--phase {params.phase} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_predict --config-hash {params.hash}"
 
