@@ -36,14 +36,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import io
+from .params import Params
 from .ranker import RankerParams, append_bias, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
 from .xr_linear import masked_product, topk_per_row, transform
@@ -53,7 +53,7 @@ FORMAT = "xmc-elias-plus-v1"
 
 
 @dataclass
-class EliasPlusParams:
+class EliasPlusParams(Params):
     n_candidates: int = 100
     neural_weight: float = 1.0
     C: float = 1.0
@@ -72,20 +72,11 @@ class EliasPlusParams:
         if self.uncalibrated not in ("product", "ranker"):
             raise ValueError(f"uncalibrated must be 'product' or 'ranker', got {self.uncalibrated!r}")
 
+    _what = "ELIAS++ parameter"
+
     def ranker(self) -> RankerParams:
-        return RankerParams(C=self.C, threshold=self.threshold, tol=self.tol, max_iter=self.max_iter,
-                            negatives="tfn", threads=self.threads, bias=self.bias, seed=self.seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "EliasPlusParams":
-        d = dict(d or {})
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown ELIAS++ parameter(s): {sorted(unknown)}")
-        return cls(**d)
+        # each label is its own group of the instance mask: the candidates play the role of TFN
+        return RankerParams(**self.pick(RankerParams), negatives="tfn")
 
 
 

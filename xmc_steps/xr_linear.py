@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +45,7 @@ import scipy.sparse as sp
 from . import io
 from .cluster import ClusterTree
 from .negatives import binarize, combine
+from .params import Params
 from .ranker import RankerParams, append_bias, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
 
@@ -198,7 +199,7 @@ def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matri
 
 
 @dataclass
-class XRLinearParams:
+class XRLinearParams(Params):
     """Training parameters: the ranker's (:class:`RankerParams`) plus the MAN beam."""
 
     C: float = 1.0
@@ -220,21 +221,19 @@ class XRLinearParams:
             raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
 
     def ranker(self) -> RankerParams:
-        names = {f.name for f in fields(RankerParams)}
-        return RankerParams(**{k: v for k, v in asdict(self).items() if k in names})
+        return RankerParams(**self.pick(RankerParams))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    _what = "xr-linear parameter"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "XRLinearParams":
-        d = dict(d or {})
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown xr-linear parameter(s): {sorted(unknown)}")
+        p = super().from_dict(d)
         types = {f.name: str(f.type) for f in fields(cls)}
         conv = {"float": float, "int": int, "str": str}
-        return cls(**{k: conv[types[k]](v) for k, v in d.items()})
+        for k in dict(d or {}):
+            setattr(p, k, conv[types[k]](getattr(p, k)))
+        p.__post_init__()
+        return p
 
 
 class XRLinearModel:

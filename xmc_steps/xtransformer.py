@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from sklearn.preprocessing import normalize
 from . import io
 from .cluster import ClusterTree
 from .negatives import combine
+from .params import Params
 from .ranker import RankerParams, append_bias, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
 from .xr_linear import TRANSFORMS, expand_children, masked_product, topk_per_row, transform
@@ -64,7 +65,7 @@ RANKER_INPUTS = ("tfidf", "tfidf+neural")
 
 
 @dataclass
-class XTransformerRankerParams:
+class XTransformerRankerParams(Params):
     ranker_input: str = "tfidf+neural"
     neural_weight: float = 1.0
     negatives: str = "tfn+man"
@@ -89,20 +90,10 @@ class XTransformerRankerParams:
             raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
         self.ranker()  # validates the solver settings and the negatives
 
+    _what = "xtransformer ranker parameter"
+
     def ranker(self) -> RankerParams:
-        return RankerParams(C=self.C, threshold=self.threshold, tol=self.tol, max_iter=self.max_iter,
-                            negatives=self.negatives, threads=self.threads, bias=self.bias, seed=self.seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "XTransformerRankerParams":
-        d = dict(d or {})
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown xtransformer ranker parameter(s): {sorted(unknown)}")
-        return cls(**d)
+        return RankerParams(**self.pick(RankerParams))
 
 
 def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: str, neural_weight: float = 1.0) -> sp.csr_matrix:
