@@ -985,9 +985,7 @@ def _train_main(args: argparse.Namespace) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-        def on_step(step: int, logs: dict[str, float]) -> None:
-            for k, v in logs.items():
-                st.step_metric("train_loss" if k == "loss" else k, v, step)
+        on_step = st.step_logger({"loss": "train_loss"})
 
         ckpt_dir = out / "checkpoints"
         with st.timed("train"):
@@ -1050,11 +1048,8 @@ def _predict_main(args: argparse.Namespace) -> None:
         with st.timed("predict"):
             r = predict(model, tokens, params.topk, b, K, params.eval_batch_size, device, params.amp,
                         params.shortlist_topk, with_emb=True, progress=st.log.info)
-        n = max(len(tokens), 1)
-        st.metric("predict_latency_ms_per_doc", 1000.0 * r["seconds"] / n)
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
-        io.write_predictions(args.out, r["scores"], params.topk)
-        st.output("predictions", args.out)
+        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
         io.save_arrays(args.emb_out, emb=r["emb"])
         st.output("emb", args.emb_out)
         if args.shortlist_out:

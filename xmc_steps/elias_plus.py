@@ -247,11 +247,7 @@ def _predict_cli(args) -> None:
         out = cand.copy()
         out.data = score.astype(np.float32)
         out = topk_per_row(out, p.topk)
-        dt = time.perf_counter() - t0
-        io.write_predictions(args.out, out, p.topk)
-        st.metric("predict_s", dt)
-        st.metric("predict_latency_ms_per_doc", 1000.0 * dt / max(1, out.shape[0]))
-        st.output("predictions", args.out)
+        st.predictions(args.out, out, p.topk, time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -399,9 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-        def on_step(step: int, logs: dict[str, float]) -> None:
-            for k, v in logs.items():
-                st.step_metric("train_loss" if k == "loss" else k, v, step)
+        on_step = st.step_logger({"loss": "train_loss"})
 
         ckpt_dir = out / "checkpoints"
         with st.timed("train"):

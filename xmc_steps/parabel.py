@@ -117,11 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             n_labels = io.read_table(args.label_table, ["label_id"]).num_rows
             scores = predict(model, X, int(st.params.get("topk", 100)), int(st.params.get("beam", 10)), n_labels)
-            dt = time.perf_counter() - t0
-            io.write_predictions(args.out, scores, int(st.params.get("topk", 100)))
-            st.metric("predict_s", dt)
-            st.metric("predict_latency_ms_per_doc", 1000 * dt / max(1, X.shape[0]))
-            st.output("predictions", args.out)
+            st.predictions(args.out, scores, int(st.params.get("topk", 100)), time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,23 @@ class StageContext:
         self.outputs[name] = str(path)
         return str(path)
 
+    def step_logger(self, rename: dict[str, str] | None = None) -> Callable[[int, dict[str, float]], None]:
+        """An ``on_step(step, logs)`` callback for trainers: every value becomes a curve point."""
+        rename = rename or {}
+
+        def on_step(step: int, logs: dict[str, float]) -> None:
+            for k, v in logs.items():
+                self.step_metric(rename.get(k, k), v, step)
+
+        return on_step
+
+    def predictions(self, path: str | os.PathLike, scores, topk: int, seconds: float) -> None:
+        """Write a prediction table and record its cost (seconds, latency per document)."""
+        io.write_predictions(path, scores, topk)
+        self.metric("predict_s", seconds)
+        self.metric("predict_latency_ms_per_doc", 1000.0 * seconds / max(1, scores.shape[0]))
+        self.output("predictions", path)
+
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
         t = time.perf_counter()

@@ -415,11 +415,8 @@ def _predict_cli(args) -> None:
         with st.timed("predict"):
             P = model.predict(X, beam=int(cfg["beam"]), topk=int(cfg["topk"]), transform=cfg["transform"])
         dt = time.perf_counter() - t0
-        st.metric("predict_s", dt)
-        st.metric("predict_latency_ms_per_doc", 1000.0 * dt / max(X.shape[0], 1))
         st.log.info("predicted %d documents in %.2f s", X.shape[0], dt)
-        io.write_predictions(args.out, P, int(cfg["topk"]))
-        st.output("predictions", args.out)
+        st.predictions(args.out, P, int(cfg["topk"]), dt)
 
 
 def main(argv: list[str] | None = None) -> None:

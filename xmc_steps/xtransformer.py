@@ -222,12 +222,8 @@ def _predict_cli(args) -> None:
             raise StageError(f"features have {Xr.shape[1]} columns, the rankers expect {meta['n_features']}")
         t0 = time.perf_counter()
         P = predict(Xr, W, C, G, p)
-        dt = time.perf_counter() - t0
-        io.write_predictions(args.out, P, p.topk)
-        st.metric("predict_s", dt)
         # the ranker part only; the matcher's encoder time is in the matcher stage's record
-        st.metric("predict_latency_ms_per_doc", 1000.0 * dt / max(1, X.shape[0]))
-        st.output("predictions", args.out)
+        st.predictions(args.out, P, p.topk, time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> None:
