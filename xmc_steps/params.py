@@ -21,11 +21,17 @@ class Params:
         return asdict(self)  # type: ignore[call-overload]
 
     @classmethod
+    def check_keys(cls, d: dict[str, Any]) -> None:
+        """Raise ``ValueError`` naming the keys of ``d`` that are not fields."""
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls._what}(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+    @classmethod
     def from_dict(cls: type[T], d: dict[str, Any] | None) -> T:
         d = dict(d or {})
-        unknown = set(d) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        if unknown:
-            raise ValueError(f"unknown {cls._what}(s): {sorted(unknown)}")
+        cls.check_keys(d)
         return cls(**d)
 
     def pick(self, target: type) -> dict[str, Any]:
