@@ -104,6 +104,15 @@ def test_ranker_degenerate_clusters():
     assert W[:, 1].nnz == 1 and W[-1, 1] == pytest.approx(-1.0)  # no instances at all
 
 
+def test_ranker_cluster_whose_instances_have_no_features():
+    """Short texts can have empty TF-IDF rows; a cluster of only such rows learns its bias."""
+    X = sp.csr_matrix(np.array([[0, 0, 0], [0, 0, 0], [0, 0, 0], [1, 0, 0.5]], np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0], [0, 0], [1, 0], [0, 1]], np.float32))
+    mask = sp.csr_matrix(np.array([[1, 0], [1, 0], [1, 0], [0, 1]], np.float32))
+    W = train_rankers(X, Y, np.array([0, 1]), mask, {"threshold": 0.0})
+    assert W[:-1, 0].nnz == 0 and W[-1, 0] == pytest.approx(2 * 2 / 3 - 1)
+
+
 def test_mask_restricts_training_instances():
     X, Y = _separable(3)
     cl = np.zeros(Y.shape[1], int)

@@ -110,6 +110,10 @@ def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndar
     if n_pos == 0 or n_pos == len(y):
         # degenerate: a constant scorer (+1 if every instance is positive, -1 if none is)
         return np.zeros(Xs.shape[1]), (1.0 if n_pos else -1.0)
+    if Xs.shape[1] == 0 or Xs.nnz == 0:
+        # no instance has a feature (empty TF-IDF rows): only the bias can be learnt; the
+        # squared-hinge optimum of a constant scorer is the label balance 2 p - 1 (no margin)
+        return np.zeros(Xs.shape[1]), float(2.0 * n_pos / len(y) - 1.0) / (p.bias if p.bias > 0 else 1.0)
     clf = LinearSVC(loss="squared_hinge", dual=True, C=p.C, tol=p.tol, max_iter=p.max_iter,
                     fit_intercept=p.bias > 0, intercept_scaling=p.bias if p.bias > 0 else 1.0,
                     random_state=p.seed)
