@@ -69,7 +69,7 @@ def test_matcher_cli_end_to_end(tiny, tmp_path):
     out = tmp_path / "out"
     params = {"encoder": tiny, "max_length": 16, "steps": 4, "batch_size": 8, "lr": 1e-3, "lr_head": 1e-2,
               "warmup_steps": 1, "topb": 2, "checkpoint_every": 2, "eval_every": 2, "log_every": 1,
-              "device": "cpu", "seed": 0, "threads": 1}
+              "device": "cpu", "seed": 0, "threads": 1, "allow_weak": True}   # 4 steps learn little
     matcher.main(_args(d, out, params))
     meta = io.read_json(out / "matcher.json")
     assert meta["K"] == 3 and meta["dim"] == 32 and meta["pooling"] == "cls" and meta["encoder"] == tiny
@@ -135,7 +135,7 @@ def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
     valid = (neural.TokenData(ids[va], lengths[va]), M[va])
     model, trainer = matcher.train_matcher(neural.TokenData(ids[tr], lengths[tr]), M[tr], params, tmp_path / "ck",
                                            on_step=on_step, valid=valid)
-    assert trainer.step == 60 and set(curve) == {30, 60}
+    assert trainer.step == 60 and set(curve) == {0, 30, 60}   # 0: the starting point
     assert curve[60] >= 0.9, curve  # chance is 0.25 (at step 30 it is usually still near chance)
     scores, _ = matcher.predict_clusters(model, valid[0], topb=2, device="cpu", progress=None)
     assert matcher.top1_precision(scores, valid[1]) == pytest.approx(curve[60])
@@ -150,3 +150,47 @@ def test_cluster_assignment_from_csr_or_cluster_tree(tmp_path):
     assert C.shape == (6, 3) and (C.toarray().argmax(1) == np.arange(6) % 3).all()
     io.save_csr(tmp_path / "C.npz", C)
     assert (matcher.load_cluster_assignment(tmp_path / "C.npz") != C).nnz == 0
+
+
+def test_cluster_recall_frequency_baseline_and_guard():
+    M_valid = sp.csr_matrix(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], np.float32))
+    top = sp.csr_matrix(np.array([[0.9, 0.5, 0, 0], [0, 0.4, 0.3, 0], [0.1, 0.2, 0, 0]], np.float32))
+    # row 1: 1 of 2 positives; row 2: 1 of 1; row 3 has no positive and does not count
+    assert matcher.cluster_recall(top, M_valid) == pytest.approx(0.75)
+    M_train = sp.csr_matrix(np.array([[0, 0, 1, 1], [0, 0, 1, 0], [0, 1, 1, 0]], np.float32))
+    F = matcher.frequency_topb(M_train, 3, 2)
+    assert F.toarray().tolist() == [[0, 1, 3, 0]] * 3          # ties -> the lower cluster id
+    assert matcher.guard_width(10, 8) == 4 and matcher.guard_width(10, 2048) == 10 and matcher.guard_width(3, 2) == 1
+    lin = sp.csr_matrix(np.array([[0, 0, 0, 0.5], [0.2, 0, 0, 0], [0, 0, 0, 0]], np.float32))
+    g = matcher.check_matcher(top, M_valid, M_train, 2, lin)
+    assert g.baselines["linear_tree"] == pytest.approx(0.25) and g.passed
+    assert g.to_dict()["best_baseline"] in ("most_frequent", "linear_tree")
+    weak = matcher.check_matcher(lin, M_valid, M_train, 2, top)
+    assert not weak.passed
+    msg = weak.message()
+    assert "xtransformer.matcher.allow_weak" in msg and "xtransformer.matcher.epochs" in msg and "0.2500" in msg
+
+
+def test_linear_head_solves_the_least_squares_of_eq3():
+    rng = np.random.default_rng(0)
+    E = rng.normal(size=(200, 6)).astype(np.float32)
+    M = sp.random(200, 5, density=0.3, random_state=1, format="csr")
+    M.data[:] = 1
+    W = matcher.linear_head(E, M, l2=1e-3)
+    Mt = 2 * M.toarray() - 1
+    lam = 1e-3 * np.trace(E.T.astype(np.float64) @ E) / 6
+    ref = np.linalg.solve(E.T.astype(np.float64) @ E + lam * np.eye(6), E.T.astype(np.float64) @ Mt).T
+    np.testing.assert_allclose(W, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_schedule_from_epochs_or_steps():
+    p = matcher.MatcherParams(epochs=2.0, batch_size=32, warmup=0.1)
+    assert p.schedule(1000) == (63, 6)            # ceil(2 * 1000 / 32) steps, 10 % warm-up
+    p = matcher.MatcherParams(epochs=2.0, batch_size=16, grad_accum=2, warmup=0.1)
+    assert p.schedule(1000)[0] == 63
+    p = matcher.MatcherParams(steps=100, warmup_steps=7)
+    assert p.schedule(10 ** 6) == (100, 7)
+    with pytest.raises(ValueError, match="warmup"):
+        matcher.MatcherParams(warmup=1.5)
+    with pytest.raises(ValueError, match="head_init"):
+        matcher.MatcherParams(head_init="zeros")

@@ -131,8 +131,9 @@ NEURAL_TINY = {
     "xtransformer": {
         "cluster": {"branching": 2, "leaf_size": 2},
         "embed": {"max_length": 16, "batch_size": 64},
+        # 4 steps learn little: allow_weak lets the plumbing run (the guard has its own test)
         "matcher": {"max_length": 16, "steps": 4, "batch_size": 8, "warmup_steps": 1, "topb": 2,
-                    "checkpoint_every": 2, "eval_every": 0},
+                    "checkpoint_every": 2, "eval_every": 0, "allow_weak": True},
         "variants": {"tfidf-tfn": {"ranker_input": "tfidf", "negatives": "tfn"},
                      "ens": {"indexing": ["pifa-tfidf", "pifa-neural"]}},
     },
@@ -168,3 +169,31 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     # the variants share the matcher: trained once
     assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 2     # pifa-tfidf and pifa-neural
+
+
+@pytest.mark.timeout(900)
+def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
+    """A matcher that cannot learn (a learning rate of 1e-12, a random head) fails its stage with
+    the numbers and the config keys to change; no matcher output is left, the checkpoint is."""
+    _toy(tmp_path)
+    tiny = {k: v for k, v in NEURAL_TINY.items() if k == "xtransformer"}
+    tiny = json.loads(json.dumps(tiny))
+    tiny["xtransformer"]["matcher"].update(allow_weak=False, lr=1e-12, lr_head=1e-12, head_init="random", steps=2)
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **tiny}}}
+    r = _run(tmp_path, "results/toy/xtransformer.json", overrides=over, check=False)
+    assert r.returncode != 0
+    log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
+    assert "the matcher learned too little" in log and "xtransformer.matcher.allow_weak" in log
+    assert "linear_tree" in log and "most_frequent" in log
+    mdir = next((tmp_path / "results" / "toy" / "xtransformer").glob("*/*/*/matcher"))
+    assert not (mdir / "model.safetensors").exists() and not (mdir / "guard.json").exists()
+    assert list((mdir / "checkpoints").glob("step-*"))
+    assert not (tmp_path / "results" / "toy" / "xtransformer.json").exists()
+    # allow_weak lets the same run go on, from the kept checkpoint (no training again)
+    tiny["xtransformer"]["matcher"]["allow_weak"] = True
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **tiny}}}
+    _run(tmp_path, "results/toy/xtransformer.json", overrides=over)
+    log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
+    assert "training already complete" in log and "continuing: xtransformer.matcher.allow_weak is true" in log
+    guard = json.loads((mdir / "guard.json").read_text())
+    assert guard["passed"] is False and guard["allow_weak"] is True

@@ -85,3 +85,43 @@ def test_targets_share_stages_across_variants():
     with pytest.raises(KeyError, match="unknown xtransformer variant"):
         targets.xt_spec(s, "nope")
     assert targets.unslug(targets.slug("org/model")) == "org/model"
+
+
+def test_candidate_clusters_union_of_matcher_and_linear_top_b():
+    from xmc_steps.xtransformer import candidate_clusters
+
+    G = sp.csr_matrix(np.array([[0.9, 0.1, 0.5, 0.0], [0.0, 0.2, 0.3, 0.8]], np.float32))
+    Lin = sp.csr_matrix(np.array([[0.0, 0.7, 0.6, 0.0], [0.9, 0.0, 0.0, 0.0]], np.float32))
+    m = candidate_clusters(G, Lin, "matcher", 2).toarray()
+    assert m.tolist() == [[1, 0, 1, 0], [0, 0, 1, 1]]
+    assert candidate_clusters(G, Lin, "linear", 2).toarray().tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
+    assert candidate_clusters(G, Lin, "union", 2).toarray().tolist() == [[1, 1, 1, 0], [1, 0, 1, 1]]
+    with pytest.raises(Exception, match="linear tree"):
+        candidate_clusters(G, None, "union", 2)
+
+
+def test_matcher_scores_are_the_heads_dot_products():
+    from xmc_steps.xtransformer import matcher_scores
+
+    rng = np.random.default_rng(0)
+    emb, head = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(6, 8)).astype(np.float32)
+    pat = sp.random(5, 6, density=0.5, random_state=0, format="csr")
+    S = matcher_scores(pat, emb, head, batch_entries=3)
+    dense = emb @ head.T
+    r, c = pat.nonzero()
+    np.testing.assert_allclose(np.asarray(S[r, c]).ravel(), dense[r, c], rtol=1e-5)
+    assert (S != 0).sum() == pat.nnz
+
+
+def test_no_candidate_is_lost_to_underflow():
+    """A candidate cluster with a very low matcher score still has its labels scored (Eq. 2
+    with the l3-hinge: exp(-(1 - g)^3) underflows to 0 in float32 from g of about -3.5)."""
+    X, Y, C = _toy(n=200)
+    G = (Y @ C).tocsr()
+    G.data[:] = -50.0
+    p = XTransformerRankerParams(ranker_input="tfidf", negatives="tfn", topb=4, combiner="product")
+    W = train(X, Y, C, G, p)
+    P = predict(X, W, C, G, p)
+    expected = np.diff((G @ C.T).tocsr().indptr)
+    assert (np.diff(P.indptr) == np.minimum(expected, p.topk)).all()
+    assert (P.data > 0).all()

@@ -25,7 +25,7 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "co
 METHOD_SECTIONS: dict[str, list[str]] = {
     "xr-linear": ["split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"],
     "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
-    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xtransformer", "evaluate"],
+    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer", "evaluate"],
     "elias": ["split", "ingest", "tfidf", "cluster", "elias", "evaluate"],
 }
 

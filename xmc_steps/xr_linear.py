@@ -29,6 +29,12 @@ CLI::
         --labels Y.npz [--labels Y2.npz ...] --tree tree.npz --out model_dir --params '{...}'
     python -m xmc_steps.xr_linear predict --model model_dir --features X_test.npz \
         --out predictions.parquet --params '{"beam": 10, "topk": 100}'
+    python -m xmc_steps.xr_linear clusters --model model_dir --features X_valid.npz X_test.npz \
+        --out clusters_valid.npz clusters_test.npz --params '{"beam": 10}'
+
+``clusters`` writes the top-``beam`` nodes of the finest cluster level (CSR ``N x K``, the
+beam's path scores): the linear tree used as a matcher, the baseline and second
+candidate source of the X-Transformer matcher (:mod:`xmc_steps.xtransformer`).
 """
 
 from __future__ import annotations
@@ -419,6 +425,33 @@ def _predict_cli(args) -> None:
         st.predictions(args.out, P, int(cfg["topk"]), dt)
 
 
+def _clusters_cli(args) -> None:
+    """The linear tree as a matcher: the top-``beam`` finest clusters of each document."""
+    if len(args.features) != len(args.out):
+        raise StageError("give as many --out files as --features")
+    with stage_run("xr_linear_clusters", args, outputs=list(args.out)) as st:
+        cfg = {"beam": 10, "transform": None}
+        unknown = set(st.params) - set(cfg) - {"threads"}
+        if unknown:
+            raise StageError(f"unknown clusters parameter(s): {sorted(unknown)}")
+        cfg.update({k: v for k, v in st.params.items() if k in cfg})
+        try:
+            model = XRLinearModel.load(args.model)
+        except (OSError, ValueError) as e:
+            raise StageError(f"cannot load model {args.model}: {e}") from e
+        cfg["transform"] = cfg["transform"] or model.params.transform
+        st.params.update(cfg)
+        for f, o in zip(args.features, args.out):
+            X = io.load_csr(f)
+            if X.shape[1] != model.n_features:
+                raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
+            with st.timed("predict"):
+                S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"])
+            io.save_csr(o, S)
+            st.output(Path(o).stem, o)
+            st.log.info("%s: top-%d of %d clusters for %d documents", o, int(cfg["beam"]), S.shape[1], S.shape[0])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.xr_linear", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -433,11 +466,13 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--features", required=True, action="extend", nargs="+", help="features (.npz CSR)")
     pr.add_argument("--out", required=True, help="predictions (.parquet)")
     add_common_args(pr)
+    cl = sub.add_parser("clusters", help="the top-beam finest clusters per document (the linear tree as a matcher)")
+    cl.add_argument("--model", required=True, help="model folder")
+    cl.add_argument("--features", required=True, nargs="+", help="features (.npz CSR), one file per output")
+    cl.add_argument("--out", required=True, nargs="+", help="cluster scores (.npz CSR N x K), one per --features")
+    add_common_args(cl)
     args = p.parse_args(argv)
-    if args.cmd == "train":
-        _train_cli(args)
-    else:
-        _predict_cli(args)
+    {"train": _train_cli, "predict": _predict_cli, "clusters": _clusters_cli}[args.cmd](args)
 
 
 if __name__ == "__main__":

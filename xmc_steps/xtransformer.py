@@ -42,6 +42,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ from sklearn.preprocessing import normalize
 
 from . import io
 from .cluster import ClusterTree
-from .negatives import combine
+from .negatives import binarize, combine
 from .params import Params
 from .ranker import RankerParams, append_bias, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -62,6 +63,10 @@ from .xr_linear import TRANSFORMS, expand_children, masked_product, topk_per_row
 FORMAT = "xmc-xtransformer-ranker-v1"
 COMBINERS = ("product", "ranker", "mean")
 RANKER_INPUTS = ("tfidf", "tfidf+neural")
+CANDIDATES = ("matcher", "union", "linear")
+#: a floor for transformed scores, so that no candidate is lost to float32 underflow
+#: (``exp(-(1 - z)^3)`` is 0 in float32 from ``z`` of about -3.5; scipy drops stored zeros)
+SCORE_FLOOR = np.float32(1e-30)
 
 
 @dataclass
@@ -76,8 +81,9 @@ class XTransformerRankerParams(Params):
     bias: float = 1.0
     threads: int = 1
     seed: int = 0
-    topb: int = 10                 # matcher clusters searched at prediction time
+    topb: int = 10                 # clusters taken from each candidate source
     topk: int = 100
+    candidates: str = "union"      # matcher (the paper) | union (matcher top-b + linear tree beam) | linear
     combiner: str = "ranker"
     transform: str = "l3-hinge"
 
@@ -86,6 +92,8 @@ class XTransformerRankerParams(Params):
             raise ValueError(f"ranker_input must be one of {RANKER_INPUTS}, got {self.ranker_input!r}")
         if self.combiner not in COMBINERS:
             raise ValueError(f"combiner must be one of {COMBINERS}, got {self.combiner!r}")
+        if self.candidates not in CANDIDATES:
+            raise ValueError(f"candidates must be one of {CANDIDATES}, got {self.candidates!r}")
         if self.transform not in TRANSFORMS:
             raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
         self.ranker()  # validates the solver settings and the negatives
@@ -111,32 +119,84 @@ def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: 
     return out
 
 
+def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix | None, candidates: str,
+                       topb: int) -> sp.csr_matrix:
+    """The clusters searched per document (0/1 CSR ``N x K``): the top-``b`` of the matcher, of
+    the linear tree's beam, or their union."""
+    parts = []
+    if candidates in ("matcher", "union"):
+        if matcher_top is None:
+            raise StageError(f"candidates {candidates!r} need the matcher's clusters")
+        parts.append(binarize(topk_per_row(sp.csr_matrix(matcher_top, dtype=np.float32), topb)))
+    if candidates in ("linear", "union"):
+        if linear_top is None:
+            raise StageError(f"candidates {candidates!r} need the linear tree's clusters (--linear)")
+        parts.append(binarize(topk_per_row(sp.csr_matrix(linear_top, dtype=np.float32), topb)))
+    if len(parts) == 2 and parts[0].shape != parts[1].shape:
+        raise StageError(f"matcher clusters {parts[0].shape} and linear clusters {parts[1].shape} differ in shape")
+    out = binarize(parts[0] + parts[1]) if len(parts) == 2 else parts[0]
+    out.sort_indices()
+    return out
+
+
+def matcher_scores(pattern: sp.csr_matrix, emb: np.ndarray, head: np.ndarray, batch_entries: int = 1 << 20) -> sp.csr_matrix:
+    """``g(x, k) = w_k . phi(x)`` (Eq. 3's matcher score, fp32) at every stored entry of ``pattern``."""
+    pattern = sp.csr_matrix(pattern, dtype=np.float32)
+    emb = np.asarray(emb, dtype=np.float32)
+    head = np.asarray(head, dtype=np.float32)
+    if emb.shape[0] != pattern.shape[0] or head.shape[0] != pattern.shape[1] or head.shape[1] != emb.shape[1]:
+        raise StageError(f"matcher scores: embeddings {emb.shape}, head {head.shape} and candidates {pattern.shape} do not fit")
+    rows = np.repeat(np.arange(pattern.shape[0]), np.diff(pattern.indptr))
+    data = np.empty(pattern.nnz, dtype=np.float32)
+    for a in range(0, pattern.nnz, batch_entries):
+        r, c = rows[a:a + batch_entries], pattern.indices[a:a + batch_entries]
+        data[a:a + len(r)] = np.einsum("ij,ij->i", emb[r], head[c])
+    out = pattern.copy()
+    out.data = data
+    return out
+
+
 def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix, M_hat: sp.csr_matrix | None,
           params: XTransformerRankerParams, progress=None) -> sp.csr_matrix:
-    """Rankers ``W`` ((d+1) x L) with the configured negatives; ``C`` is L x K, 0/1."""
+    """Rankers ``W`` ((d+1) x L) with the configured negatives; ``C`` is L x K, 0/1.
+
+    ``M_hat`` is the MAN source: the clusters searched at prediction time on the training
+    documents (:func:`candidate_clusters`)."""
     C = sp.csr_matrix(C)
     cluster_of_label = np.asarray(C.argmax(axis=1)).ravel()
     mask = combine(params.negatives, Y, C, M_hat)
     return train_rankers(Xr, Y, cluster_of_label, mask, params.ranker(), progress=progress)
 
 
-def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, matcher_scores: sp.csr_matrix,
+def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, G: sp.csr_matrix,
             params: XTransformerRankerParams) -> sp.csr_matrix:
-    """Eq. 2: scores of the labels inside the matcher's top-``b`` clusters (top-k per row)."""
-    g = topk_per_row(sp.csr_matrix(matcher_scores, dtype=np.float32), params.topb)
-    g.data = transform(g.data, params.transform)
-    g.eliminate_zeros()
+    """Eq. 2 over the candidate clusters: ``G`` holds the matcher's raw scores ``g(x, k)`` at
+    every candidate cluster (:func:`candidate_clusters`, :func:`matcher_scores`); labels of
+    other clusters get no score.  Top-``topk`` per row."""
+    g = sp.csr_matrix(G, dtype=np.float32).copy()
+    g.data = np.maximum(transform(g.data, params.transform), SCORE_FLOOR)
     cand = expand_children(g, sp.csr_matrix(C))          # N x L, data = T(g(x, c_l))
     Xa = append_bias(Xr, params.bias)
-    h = transform(masked_product(Xa, sp.csc_matrix(W), cand), params.transform)
+    h = np.maximum(transform(masked_product(Xa, sp.csc_matrix(W), cand), params.transform), SCORE_FLOOR)
     out = cand.copy()
     if params.combiner == "product":
-        out.data = (cand.data * h).astype(np.float32)
+        out.data = np.maximum(cand.data * h, SCORE_FLOOR).astype(np.float32)
     elif params.combiner == "ranker":
         out.data = h.astype(np.float32)
     else:
         out.data = (0.5 * (cand.data + h)).astype(np.float32)
     return topk_per_row(out, params.topk)
+
+
+def load_head(matcher_model: str | Path) -> np.ndarray:
+    """The matcher's head ``W`` (``K x d``, float32) from its ``model.safetensors``."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(matcher_model), framework="numpy") as f:
+            return np.asarray(f.get_tensor("head.weight"), dtype=np.float32)
+    except (OSError, KeyError, ValueError) as e:
+        raise StageError(f"{matcher_model}: cannot read the matcher head 'head.weight' ({e})") from e
 
 
 def save(folder: Path, W: sp.spmatrix, C: sp.spmatrix, params: XTransformerRankerParams, meta: dict[str, Any]) -> None:
@@ -168,32 +228,42 @@ def _params(st) -> XTransformerRankerParams:
         raise StageError(str(e)) from e
 
 
+def _load_candidates(args, n_rows: int, splits: str) -> sp.csr_matrix:
+    """The candidate clusters of the stacked ``--clusters`` / ``--linear`` files."""
+    p = args.p
+    G = _stack_csr(args.clusters) if args.clusters else None
+    Lin = _stack_csr(args.linear) if args.linear else None
+    for name, M in (("matcher clusters", G), ("linear clusters", Lin)):
+        if M is not None and M.shape[0] != n_rows:
+            raise StageError(f"{name} of {splits} have {M.shape[0]} rows, the features {n_rows}")
+    return candidate_clusters(G, Lin, p.candidates, p.topb)
+
+
 def _train_cli(args) -> None:
     out = Path(args.out)
     with stage_run("xtransformer_ranker", args, outputs=[str(out)]) as st:
-        p = _params(st)
+        p = args.p = _params(st)
         st.params.clear()
         st.params.update(p.to_dict())
         with st.timed("load"):
             X = _stack_csr(args.tfidf)
             Y = _stack_csr(args.labels)
-            M_hat = _stack_csr(args.clusters)
             emb = _stack_emb(args.emb)
             C = ClusterTree.load(args.tree).label_to_cluster(-1)
-        if not (X.shape[0] == Y.shape[0] == M_hat.shape[0]):
-            raise StageError(f"row counts differ: TF-IDF {X.shape[0]}, labels {Y.shape[0]}, matcher clusters {M_hat.shape[0]}")
+        if X.shape[0] != Y.shape[0]:
+            raise StageError(f"row counts differ: TF-IDF {X.shape[0]}, labels {Y.shape[0]}")
+        M_hat = _load_candidates(args, X.shape[0], "the training splits")
         if M_hat.shape[1] != C.shape[1]:
-            raise StageError(f"the matcher predicts {M_hat.shape[1]} clusters but the tree's finest level has {C.shape[1]}")
+            raise StageError(f"the candidate clusters have {M_hat.shape[1]} columns but the tree's finest level has {C.shape[1]}")
         Xr = ranker_features(X, emb, p.ranker_input, p.neural_weight)
-        st.log.info("training %d rankers on %d instances x %d features (%s, %s negatives)",
-                    Y.shape[1], Xr.shape[0], Xr.shape[1], p.ranker_input, p.negatives)
+        st.log.info("training %d rankers on %d instances x %d features (%s, %s negatives, MAN from the %s "
+                    "candidates: %.1f clusters per instance)", Y.shape[1], Xr.shape[0], Xr.shape[1], p.ranker_input,
+                    p.negatives, p.candidates, M_hat.nnz / max(M_hat.shape[0], 1))
         every = max(1, C.shape[1] // 10)
         prog = lambda d, n: st.log.info("rankers: %d/%d clusters", d, n) if d % every == 0 or d == n else None  # noqa: E731
         with st.timed("train"):
             W = train(Xr, Y, C, M_hat, p, progress=prog)
         tmp = out.parent / f".{out.name}.tmp"
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save(tmp, W, C, p, {"n_features": int(Xr.shape[1]), "n_tfidf": int(X.shape[1]),
@@ -206,24 +276,128 @@ def _train_cli(args) -> None:
         st.metric("train_s", st.timings["train"])
 
 
+#: settings that may differ between training the rankers and predicting with them
+PREDICT_KEYS = ("topb", "topk", "candidates", "combiner", "transform")
+
+
 def _predict_cli(args) -> None:
     with stage_run("xtransformer_predict", args, outputs=[args.out]) as st:
         W, C, p, meta = load(args.model)
-        for k, v in st.params.items():          # prediction-time settings may be overridden
-            if k in ("topb", "topk", "combiner", "transform"):
-                setattr(p, k, v)
-        p.__post_init__()
+        unknown = set(st.params) - set(PREDICT_KEYS)
+        if unknown:
+            raise StageError(f"prediction parameter(s) {sorted(unknown)} cannot differ from training; "
+                             f"allowed: {', '.join(PREDICT_KEYS)}")
+        for k, v in st.params.items():
+            setattr(p, k, v)
+        try:
+            p.__post_init__()
+        except ValueError as e:
+            raise StageError(str(e)) from e
+        args.p = p
         st.params.update(p.to_dict())
         X = _stack_csr(args.tfidf)
         emb = _stack_emb(args.emb)
-        G = _stack_csr(args.clusters)
+        head = load_head(args.matcher_model)
+        if emb is None:
+            raise StageError("--emb (the matcher's embeddings) is needed for the matcher scores of Eq. 2")
+        t0 = time.perf_counter()
         Xr = ranker_features(X, emb, p.ranker_input, p.neural_weight)
         if Xr.shape[1] != meta["n_features"]:
             raise StageError(f"features have {Xr.shape[1]} columns, the rankers expect {meta['n_features']}")
-        t0 = time.perf_counter()
+        G = matcher_scores(_load_candidates(args, X.shape[0], "the test split"), emb, head)
         P = predict(Xr, W, C, G, p)
-        # the ranker part only; the matcher's encoder time is in the matcher stage's record
+        # the index + ranker part; the matcher's encoder time is in the matcher stage's record
         st.predictions(args.out, P, p.topk, time.perf_counter() - t0)
+        st.metric("candidate_clusters_per_doc", G.nnz / max(G.shape[0], 1))
+
+
+def _select_cli(args) -> None:
+    """Train the rankers on ``train`` and score the ``valid`` split under every candidate set
+    and combiner: the table the defaults are chosen from."""
+    from . import metrics
+
+    outs = [args.out_csv, args.out_md, args.out_json]
+    with stage_run("xtransformer_select", args, outputs=outs) as st:
+        base = _params(st)
+        st.params.clear()
+        st.params.update(base.to_dict())
+        with st.timed("load"):
+            X = {s: io.load_csr(f) for s, f in zip(("train", "valid"), args.tfidf)}
+            Y = {s: io.load_csr(f) for s, f in zip(("train", "valid"), args.labels)}
+            emb = {s: io.load_arrays(f)["emb"] for s, f in zip(("train", "valid"), args.emb)}
+            G = {s: io.load_csr(f) for s, f in zip(("train", "valid"), args.clusters)}
+            Lin = {s: io.load_csr(f) for s, f in zip(("train", "valid"), args.linear)}
+            C = ClusterTree.load(args.tree).label_to_cluster(-1)
+            head = load_head(args.matcher_model)
+        Xr = {s: ranker_features(X[s], emb[s], base.ranker_input, base.neural_weight) for s in X}
+        rows = []
+        for cand in CANDIDATES:
+            p = XTransformerRankerParams.from_dict({**base.to_dict(), "candidates": cand})
+            M_hat = candidate_clusters(G["train"], Lin["train"], cand, p.topb)
+            with st.timed(f"train_{cand}"):
+                W = train(Xr["train"], Y["train"], C, M_hat, p)
+            cv = candidate_clusters(G["valid"], Lin["valid"], cand, p.topb)
+            Gv = matcher_scores(cv, emb["valid"], head)
+            truth = Y["valid"]
+            cluster_recall = _cluster_recall(cv, truth, C)
+            for comb in COMBINERS:
+                p.combiner = comb
+                P = predict(Xr["valid"], W, C, Gv, p)
+                prec = metrics.precision(P, truth, 5)
+                rec = metrics.recall(P, truth, 100)
+                row = {"candidates": cand, "combiner": comb, "p_at_1": 100 * prec[0], "p_at_3": 100 * prec[2],
+                       "p_at_5": 100 * prec[4], "recall_at_100": 100 * rec[99],
+                       "candidate_clusters_per_doc": cv.nnz / max(cv.shape[0], 1),
+                       "label_recall_of_candidates": 100 * cluster_recall,
+                       "ranker_train_s": round(st.timings[f"train_{cand}"], 1)}
+                rows.append(row)
+                st.log.info("valid: candidates %-7s combiner %-7s P@1 %.2f P@3 %.2f P@5 %.2f R@100 %.2f",
+                            cand, comb, row["p_at_1"], row["p_at_3"], row["p_at_5"], row["recall_at_100"])
+        best = max(rows, key=lambda r: (r["p_at_1"], r["recall_at_100"]))
+        write_table(rows, best, args.out_csv, args.out_md, args.out_json, st.args.dataset,
+                    {"K": int(C.shape[1]), "L": int(C.shape[0]), "n_train": int(X["train"].shape[0]),
+                     "n_valid": int(X["valid"].shape[0]), "params": base.to_dict()})
+        for o, k in zip(outs, ("csv", "md", "json")):
+            st.output(k, o)
+        st.extra["best"] = best
+
+
+def _cluster_recall(cand: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix) -> float:
+    """The share of a document's positive labels inside its candidate clusters (mean over documents)."""
+    inside = expand_children(cand, sp.csr_matrix(C))
+    Yb = binarize(Y)
+    hits = np.asarray(binarize(inside).multiply(Yb).sum(axis=1)).ravel()
+    npos = np.asarray(Yb.sum(axis=1)).ravel()
+    ok = npos > 0
+    return float(np.mean(hits[ok] / npos[ok])) if ok.any() else 0.0
+
+
+def write_table(rows: list[dict[str, Any]], best: dict[str, Any], csv_path: str, md_path: str, json_path: str,
+                dataset: str, info: dict[str, Any]) -> None:
+    """The validation table as CSV, Markdown and JSON (each written atomically)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    tmp = Path(csv_path).with_name(f".{Path(csv_path).name}.tmp")
+    df.to_csv(tmp, index=False, float_format="%.2f")
+    tmp.replace(csv_path)
+    lines = [f"# X-Transformer prediction settings on the validation split of {dataset or 'the dataset'}", "",
+             f"Rankers fit on train only ({info['n_train']} documents), scored on valid ({info['n_valid']}); "
+             f"K = {info['K']} clusters over L = {info['L']} labels; top-b = {info['params']['topb']} per source; "
+             f"ranker input {info['params']['ranker_input']}, negatives {info['params']['negatives']} (MAN from the "
+             "candidate set of the row).", "",
+             "| candidates | combiner | P@1 | P@3 | P@5 | R@100 | clusters/doc | label recall of candidates |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = " **(best)**" if r is best else ""
+        lines.append(f"| {r['candidates']} | {r['combiner']}{mark} | {r['p_at_1']:.2f} | {r['p_at_3']:.2f} | "
+                     f"{r['p_at_5']:.2f} | {r['recall_at_100']:.2f} | {r['candidate_clusters_per_doc']:.1f} | "
+                     f"{r['label_recall_of_candidates']:.2f} |")
+    lines += ["", f"Best by P@1 (then R@100): candidates `{best['candidates']}`, combiner `{best['combiner']}`.", ""]
+    tmp = Path(md_path).with_name(f".{Path(md_path).name}.tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    tmp.replace(md_path)
+    io.write_json(json_path, {"dataset": dataset, **info, "rows": rows, "best": best})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,17 +407,28 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--tfidf", nargs="+", required=True)
     t.add_argument("--emb", nargs="+", default=None, help="matcher embeddings (needed for tfidf+neural)")
     t.add_argument("--labels", nargs="+", required=True)
-    t.add_argument("--clusters", nargs="+", required=True, help="the matcher's top-b cluster scores (MAN)")
+    t.add_argument("--clusters", nargs="+", default=None, help="the matcher's top-b cluster scores (MAN)")
+    t.add_argument("--linear", nargs="+", default=None, help="the linear tree's top-b clusters (MAN of the union)")
     t.add_argument("--tree", required=True, help="cluster tree; its finest level is the matcher's K clusters")
     t.add_argument("--out", required=True)
     q = add_common_args(sub.add_parser("predict", help="Eq. 2 scores of the test documents"))
     q.add_argument("--model", required=True)
+    q.add_argument("--matcher-model", required=True, help="the matcher's model.safetensors (its head gives g)")
     q.add_argument("--tfidf", nargs="+", required=True)
-    q.add_argument("--emb", nargs="+", default=None)
-    q.add_argument("--clusters", nargs="+", required=True)
+    q.add_argument("--emb", nargs="+", required=True, help="the matcher's embeddings of the documents")
+    q.add_argument("--clusters", nargs="+", default=None)
+    q.add_argument("--linear", nargs="+", default=None)
     q.add_argument("--out", required=True)
+    v = add_common_args(sub.add_parser("select", help="the validation table of candidate sets x combiners"))
+    for name in ("tfidf", "emb", "labels", "clusters", "linear"):
+        v.add_argument(f"--{name}", nargs=2, required=True, metavar=("TRAIN", "VALID"))
+    v.add_argument("--matcher-model", required=True)
+    v.add_argument("--tree", required=True)
+    v.add_argument("--out-csv", required=True)
+    v.add_argument("--out-md", required=True)
+    v.add_argument("--out-json", required=True)
     args = ap.parse_args(argv)
-    (_train_cli if args.cmd == "train" else _predict_cli)(args)
+    {"train": _train_cli, "predict": _predict_cli, "select": _select_cli}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
@@ -40,6 +41,9 @@ wildcard_constraints:
     rin=r"tfidf|tfidf\+neural",
     neg=r"tfn|man|tfn\+man",
     variant=r"[A-Za-z0-9_.-]+",
+    fit=r"train|train\+valid|valid\+train",
+    cand=r"matcher|union|linear",
+    comb=r"ranker|product|mean",
 
 
 def S(wildcards):

@@ -2,6 +2,14 @@
 # (§3.4) per (ranker input, negatives), Eq. 2 prediction, and ensembles (Table 5 rows 7-9).
 
 XT = RES + "/{dataset}/xtransformer/{emb}/{tree}/{enc}"
+# XR-Linear over the matcher's tree, fit on the splits `fit` ("train" or "train+valid"): the
+# guard's linear baseline and the second candidate source of Eq. 2 (xmc_steps/xtransformer.py)
+XT_LIN = RES + "/{dataset}/xtransformer/{emb}/{tree}/linear-{fit}"
+
+
+def xt_fit_name(s):
+    """The `fit` wildcard of the X-Transformer rankers' training splits (config fit_on)."""
+    return "+".join(s["xtransformer"]["fit_on"])
 
 
 def xt_tokens(split_list, maxlen_key="matcher"):
@@ -19,15 +27,73 @@ def matcher_params(w):
     return json.dumps(p, sort_keys=True)
 
 
+rule xtransformer_linear_train:
+    """XR-Linear (the xr_linear settings) over the matcher's cluster tree, fit on `fit`."""
+    input:
+        X=lambda w: [f"{RES}/{w.dataset}/features/tfidf/X_{s}.npz" for s in w.fit.split("+")],
+        Y=lambda w: [f"{RES}/{w.dataset}/ingest/Y_{s}.npz" for s in w.fit.split("+")],
+        tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
+    output:
+        model=directory(XT_LIN + "/model"),
+        record=XT_LIN + "/train.record.json",
+    log:
+        "logs/xtransformer_linear_train/{dataset}-{emb}-{tree}-{fit}.log",
+    params:
+        settings=P("xr_linear", drop=("fit_on", "topk")),
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
+    threads: threads_of
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
+        "--out {output.model} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_linear_train "
+        "--config-hash {params.hash}"
+
+
+rule xtransformer_linear_clusters:
+    """The linear tree's beam: top-b finest clusters of every document (a matcher's output)."""
+    input:
+        model=XT_LIN + "/model",
+        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=SPLITS),
+    output:
+        clusters=expand(XT_LIN + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        record=XT_LIN + "/clusters.record.json",
+    log:
+        "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
+    params:
+        settings=lambda w: json.dumps({"beam": S(w)["xtransformer"]["matcher"]["topb"]}),
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher.topb"),
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.xr_linear clusters --model {input.model} --features {input.X} "
+        "--out {output.clusters} --params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_linear_clusters "
+        "--config-hash {params.hash}"
+
+
 rule matcher:
-    """Fine-tune the encoder + a linear head over the K clusters, squared hinge (Eq. 3)."""
+    """Fine-tune the encoder + a linear head over the K clusters, squared hinge (Eq. 3); fail
+    when it is no better than the trivial baselines (the guard)."""
     input:
         tokens=xt_tokens(SPLITS),
         Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
         tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
+        linear=RES + "/{dataset}/xtransformer/{emb}/{tree}/linear-train/clusters_valid.npz",
     output:
         model=XT + "/matcher/model.safetensors",
         meta=XT + "/matcher/matcher.json",
+        guard=XT + "/matcher/guard.json",
+        curve=report(XT + "/matcher/curve.png", category="{dataset}", subcategory="xtransformer matcher",
+                     labels={"dataset": "{dataset}", "matcher": "{emb} {tree} {enc}", "file": "valid cluster recall"}),
         emb=expand(XT + "/matcher/emb_{split}.npz", split=SPLITS, allow_missing=True),
         clusters=expand(XT + "/matcher/clusters_{split}.npz", split=SPLITS, allow_missing=True),
         record=XT + "/matcher/record.json",
@@ -48,7 +114,7 @@ rule matcher:
         "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --out {params.out} "
+        "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --baseline-clusters {input.linear} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule matcher --config-hash {params.hash}"
 
@@ -57,9 +123,12 @@ def xt_ranker_params(w, predict=False):
     s = S(w)
     xt = s["xtransformer"]
     p = {k: v for k, v in xt["ranker"].items()}
-    p.update(ranker_input=w.rin, negatives=w.neg, topb=xt["matcher"]["topb"], topk=s["evaluate"]["topk"])
+    p.update(ranker_input=w.rin, negatives=w.neg, candidates=w.cand, topb=xt["matcher"]["topb"],
+             topk=s["evaluate"]["topk"])
     if predict:
-        p = {k: p[k] for k in ("topb", "topk", "combiner", "transform")}
+        p.update(combiner=w.comb)
+    if predict:
+        p = {k: p[k] for k in ("topb", "topk", "candidates", "combiner", "transform")}
     else:
         p["threads"] = s["threads"]
     return json.dumps(p, sort_keys=True)
@@ -73,6 +142,9 @@ def xt_fit(kind):
             return [f"{RES}/{w.dataset}/features/tfidf/X_{x}.npz" for x in splits]
         if kind == "Y":
             return [f"{RES}/{w.dataset}/ingest/Y_{x}.npz" for x in splits]
+        if kind == "linear":
+            base = f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/linear-{xt_fit_name(s)}"
+            return [f"{base}/clusters_{x}.npz" for x in splits]
         base = f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/{w.enc}/matcher"
         return [f"{base}/{kind}_{x}.npz" for x in splits]
 
@@ -86,15 +158,17 @@ rule xtransformer_ranker:
         Y=xt_fit("Y"),
         emb=xt_fit("emb"),
         clusters=xt_fit("clusters"),
+        linear=xt_fit("linear"),
         tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
     output:
-        model=directory(XT + "/ranker-{rin}-{neg}/model"),
-        record=XT + "/ranker-{rin}-{neg}/train.record.json",
+        model=directory(XT + "/ranker-{rin}-{neg}-{cand}/model"),
+        record=XT + "/ranker-{rin}-{neg}-{cand}/train.record.json",
     log:
-        "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}.log",
+        "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
     params:
         settings=xt_ranker_params,
-        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"),
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher", "xtransformer.ranker",
+               "xtransformer.fit_on"),
         emb=lambda w, input: f"--emb {' '.join(input.emb)}" if w.rin == "tfidf+neural" else "",
     threads: threads_of
     resources:
@@ -104,7 +178,7 @@ rule xtransformer_ranker:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
-        "--clusters {input.clusters} --tree {input.tree} --out {output.model} "
+        "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_ranker "
         "--config-hash {params.hash}"
@@ -114,18 +188,20 @@ rule xtransformer_predict:
     """Eq. 2: matcher's top-b clusters, ranker scores inside them, combined."""
     input:
         model=rules.xtransformer_ranker.output.model,
+        matcher=XT + "/matcher/model.safetensors",
         X=RES + "/{dataset}/features/tfidf/X_test.npz",
         emb=XT + "/matcher/emb_test.npz",
         clusters=XT + "/matcher/clusters_test.npz",
+        linear=lambda w: f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/linear-{xt_fit_name(S(w))}/clusters_test.npz",
     output:
-        predictions=XT + "/ranker-{rin}-{neg}/predictions_test.parquet",
-        record=XT + "/ranker-{rin}-{neg}/predict.record.json",
+        predictions=XT + "/ranker-{rin}-{neg}-{cand}/{comb}/predictions_test.parquet",
+        record=XT + "/ranker-{rin}-{neg}-{cand}/{comb}/predict.record.json",
     log:
-        "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}.log",
+        "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
     params:
         settings=lambda w: xt_ranker_params(w, predict=True),
-        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"),
-        emb=lambda w, input: f"--emb {input.emb}" if w.rin == "tfidf+neural" else "",
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher", "xtransformer.ranker",
+               "xtransformer.fit_on"),
     threads: 1
     resources:
         mem_mb=8000,
@@ -133,11 +209,55 @@ rule xtransformer_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xtransformer predict --model {input.model} --tfidf {input.X} {params.emb} "
-        "--clusters {input.clusters} --out {output.predictions} "
+        "{PY} -m xmc_steps.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
+        "--tfidf {input.X} --emb {input.emb} --clusters {input.clusters} --linear {input.linear} --out {output.predictions} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_predict "
         "--config-hash {params.hash}"
+
+
+rule xtransformer_select:
+    """The validation table the prediction defaults are chosen from: rankers fit on train, every
+    candidate set (matcher, linear tree, union) x combiner (Eq. 2's sigma) scored on valid."""
+    input:
+        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=["train", "valid"]),
+        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+        emb=lambda w: [f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/emb_{s}.npz" for s in ("train", "valid")],
+        clusters=lambda w: [f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/clusters_{s}.npz" for s in ("train", "valid")],
+        linear=lambda w: [f"{xt_select_member(w).linear_dir(RES, w.dataset, 'train')}/clusters_{s}.npz"
+                          for s in ("train", "valid")],
+        matcher=lambda w: f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/model.safetensors",
+        tree=lambda w: f"{RES}/{w.dataset}/index/{xt_select_member(w).emb}/{xt_select_member(w).tree}.npz",
+    output:
+        csv=RES + "/{dataset}/xtransformer-selection.csv",
+        md=report(RES + "/{dataset}/xtransformer-selection.md", category="{dataset}", subcategory="xtransformer",
+                  labels={"dataset": "{dataset}", "file": "validation table (candidates x combiner)"}),
+        json=RES + "/{dataset}/xtransformer-selection.json",
+        record=RES + "/{dataset}/records/xtransformer-selection.json",
+    log:
+        "logs/xtransformer_select/{dataset}.log",
+    params:
+        settings=lambda w: xt_ranker_params(SimpleNamespace(dataset=w.dataset, rin=xt_select_member(w).ranker_input,
+                                                            neg=xt_select_member(w).negatives, cand="union")),
+        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer"),
+    threads: threads_of
+    resources:
+        mem_mb=16000,
+        runtime=480,
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.xtransformer select --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
+        "--clusters {input.clusters} --linear {input.linear} --matcher-model {input.matcher} --tree {input.tree} "
+        "--out-csv {output.csv} --out-md {output.md} --out-json {output.json} "
+        "--params {params.settings:q} --record {output.record} "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_select "
+        "--config-hash {params.hash}"
+
+
+def xt_select_member(w):
+    """The member the validation table is computed for: the full method's first indexing x encoder."""
+    return xtg.xt_members(S(w), None)[0]
 
 
 def xt_variant(w):
@@ -147,7 +267,7 @@ def xt_variant(w):
 rule xtransformer_ensemble:
     """Ensemble over indexings and encoders (Table 5 rows 7-9)."""
     input:
-        members=lambda w: [f"{m.ranker_dir(RES, w.dataset)}/predictions_test.parquet"
+        members=lambda w: [f"{m.predict_dir(RES, w.dataset)}/predictions_test.parquet"
                            for m in xtg.xt_members(S(w), xt_variant(w))],
         labels=RES + "/{dataset}/ingest/labels.parquet",
     output:
