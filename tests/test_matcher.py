@@ -194,3 +194,59 @@ def test_schedule_from_epochs_or_steps():
         matcher.MatcherParams(warmup=1.5)
     with pytest.raises(ValueError, match="head_init"):
         matcher.MatcherParams(head_init="zeros")
+
+
+def test_topb_from_emb_and_head_refit_keeps_the_better_head(tiny):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(300, 32)).astype(np.float32)
+    W_true = rng.normal(size=(20, 32)).astype(np.float32)
+    S = emb @ W_true.T
+    top = matcher.topb_from_emb(emb, W_true, 3, batch_rows=64)
+    assert top.shape == (300, 20) and (np.diff(top.indptr) == 3).all()
+    np.testing.assert_array_equal(np.sort(top.indices.reshape(300, 3), 1), np.sort(np.argsort(-S, 1)[:, :3], 1))
+    # targets: each row's best cluster under W_true; a model whose head is noise
+    M = sp.csr_matrix((np.ones(300, np.float32), S.argmax(1), np.arange(301)), shape=(300, 20))
+    model = matcher.build_model(matcher.MatcherParams(encoder=tiny), 20, pretrained=False)
+    assert model.encoder.dim == 32
+    info = matcher.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
+    assert info["kept"] == "refit" and info["refit"] > info["trained"]
+    W = model.head.weight.detach().numpy()
+    np.testing.assert_allclose(W, matcher.linear_head(emb[:200], M[:200], 0.001), rtol=1e-5)
+    # a second refit is no better than the head it now has: the head stays
+    info2 = matcher.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
+    assert info2["kept"] == "trained"
+
+
+def _clustered_tokens(n=4000, K=1024, length=12, seed=0):
+    """Documents of 1-2 clusters out of K, each cluster written as its own token three times."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(2000, 3000, size=(n, length)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 101, 102
+    rows, cols = [], []
+    for i in range(n):
+        for j, k in enumerate(rng.choice(K, size=rng.integers(1, 3), replace=False)):
+            ids[i, 1 + 3 * j:4 + 3 * j] = 5000 + k
+            rows.append(i)
+            cols.append(k)
+    M = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, K))
+    return ids, np.full(n, length, np.int32), M
+
+
+def test_matcher_learns_at_a_thousand_clusters(tiny):
+    """K = 1,024 clusters, 3,500 training documents: within 100 steps the default recipe
+    (least-squares head start, head learning rate = encoder's) is far above always answering
+    the most frequent clusters; a random head at the old head learning rate is not."""
+    ids, lengths, M = _clustered_tokens()
+    tr, va = slice(0, 3500), slice(3500, 4000)
+    T, V = neural.TokenData(ids[tr], lengths[tr]), neural.TokenData(ids[va], lengths[va])
+    prior = matcher.cluster_recall(matcher.frequency_topb(M[tr], 500, 10), M[va])
+    recall = {}
+    for name, cfg in (("default", {"head_init": "linear"}), ("random", {"head_init": "random", "lr_head": 1e-2})):
+        p = matcher.MatcherParams(encoder=tiny, pooling="mean", steps=100, batch_size=32, lr=1e-3, device="cpu",
+                                  eval_every=0, checkpoint_every=0, **cfg)
+        model, _ = matcher.train_matcher(T, M[tr], p, None)
+        top, _ = matcher.predict_clusters(model, V, 10, device="cpu", progress=None)
+        recall[name] = matcher.cluster_recall(top, M[va])
+    assert prior < 0.02
+    assert recall["default"] > 10 * prior, (prior, recall)
+    assert recall["default"] > 5 * recall["random"], (prior, recall)

@@ -216,3 +216,16 @@ def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
     assert wr.keys() == wa.keys()
     for k in wr:
         torch.testing.assert_close(wa[k], wr[k], rtol=0, atol=1e-6)
+
+
+def test_bucket_by_length_is_a_permutation_of_length_sorted_batches():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 65, size=1000)
+    order = rng.permutation(1000)
+    out = neural.bucket_by_length(order, lengths, batch_size=32, window=5, rng=np.random.default_rng(1))
+    assert sorted(out.tolist()) == list(range(1000))
+    # every full batch comes from one window and is sorted by length: small spread inside a batch
+    spread = [np.ptp(lengths[out[a:a + 32]]) for a in range(0, 32 * 30, 32)]
+    assert np.mean(spread) < 0.25 * np.ptp(lengths)
+    # windows keep the epoch's order: the first window's examples come first
+    assert set(out[:160].tolist()) == set(order[:160].tolist())

@@ -377,6 +377,7 @@ class TrainParams:
     seed: int = 0
     amp: str = "auto"             # auto | bf16 | fp16 | off (CPU: always off)
     device: str = "auto"          # auto | cpu | cuda | cuda:N
+    length_bucket: int = 0        # > 0: batches of similar lengths from windows of this many batches (Trainer)
 
     def __post_init__(self) -> None:
         for f in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -384,6 +385,8 @@ class TrainParams:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.length_bucket < 0:
+            raise ValueError(f"length_bucket must be >= 0, got {self.length_bucket}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if str(self.amp).lower() not in _NO_AMP | {"auto", "bf16", "fp16", "true", "1"}:
@@ -411,7 +414,8 @@ class TrainParams:
         return cls(**kw)
 
     # fields that change the training trajectory (a checkpoint under other values is not resumed)
-    TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed")
+    TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",
+                  "length_bucket")
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -553,6 +557,30 @@ def _set_rng_state(s: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------- trainer
 
 
+def bucket_by_length(order: np.ndarray, lengths: np.ndarray, batch_size: int, window: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """A permutation whose consecutive ``batch_size`` blocks hold sequences of similar length.
+
+    ``order`` (a random permutation) is cut into windows of ``window * batch_size``; each
+    window is sorted by length and cut into batches, and the batches of a window are
+    shuffled.  Every example still appears once per epoch and the windows keep the
+    epoch's random order, but a batch is padded to a length near its members' (short-text
+    data trains about twice as fast on a CPU, where padding costs compute).
+    """
+    out = []
+    size = window * batch_size
+    for a in range(0, len(order), size):
+        chunk = order[a:a + size]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        short = batches.pop() if len(batches[-1]) < batch_size else None   # keeps the others aligned
+        for j in rng.permutation(len(batches)):
+            out.append(batches[j])
+        if short is not None:
+            out.append(short)
+    return np.concatenate(out) if out else order
+
+
 class Trainer:
     """The training loop shared by the neural methods (see the module docstring).
 
@@ -570,8 +598,10 @@ class Trainer:
                  ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                  on_step: Callable[[int, dict[str, float]], Any] | None = None,
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
-                 fingerprint: Mapping[str, Any] | None = None, keep: int = 2):
+                 fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
+                 lengths: np.ndarray | None = None):
         self.model, self.params = model, params
+        self.lengths = None if lengths is None else np.asarray(lengths)
         self.log = log or _default_log
         self.on_step, self.on_checkpoint = on_step, on_checkpoint
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
@@ -604,7 +634,11 @@ class Trainer:
     def _order(self, epoch: int, n: int) -> np.ndarray:
         if self._order_cache is None or self._order_cache[:2] != (epoch, n):
             rng = np.random.default_rng(self.params.seed + epoch)
-            self._order_cache = (epoch, n, rng.permutation(n))
+            order = rng.permutation(n)
+            w = self.params.length_bucket
+            if w > 0 and self.lengths is not None and len(self.lengths) == n:
+                order = bucket_by_length(order, self.lengths, self.params.batch_size, w, rng)
+            self._order_cache = (epoch, n, order)
         return self._order_cache[2]
 
     def _next_indices(self, n: int) -> np.ndarray:

@@ -86,6 +86,16 @@ class XTMember:
         return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/linear-{fit}"
 
 
+def linear_model_dir(res: str, dataset: str, settings: Mapping[str, Any], emb: str, tree: str, fit: str) -> str:
+    """The XR-Linear model over an X-Transformer tree fit on ``fit``: the xr-linear target's own
+    model when it is the same model (PIFA-TF-IDF tree of the same shape, same training splits),
+    else ``xtransformer/{emb}/{tree}/linear-{fit}/model``."""
+    same_tree = emb == "pifa-tfidf" and tree == tree_name(settings["cluster"])
+    if same_tree and fit == "+".join(settings["xr_linear"]["fit_on"]):
+        return f"{res}/{dataset}/xr-linear/model"
+    return f"{res}/{dataset}/xtransformer/{emb}/{tree}/linear-{fit}/model"
+
+
 def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
     """The X-Transformer configuration of the full method (``variant=None``) or a variant."""
     xt = settings["xtransformer"]
@@ -134,13 +144,11 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
         if m.emb.startswith("pifa-neural"):
             out.append(f"{res}/{dataset}/features/pretrained/{m.enc}-{xt['embed']['max_length']}/record.json")
         fit = "+".join(xt["fit_on"])
-        out += [f"{idx}/label_emb.record.json", f"{idx}/{m.tree}.record.json",
-                f"{m.linear_dir(res, dataset, 'train')}/train.record.json",
-                f"{m.linear_dir(res, dataset, 'train')}/clusters.record.json",
-                f"{m.linear_dir(res, dataset, fit)}/train.record.json",
-                f"{m.linear_dir(res, dataset, fit)}/clusters.record.json",
-                f"{m.matcher_dir(res, dataset)}/record.json",
-                f"{m.ranker_dir(res, dataset)}/train.record.json",
+        out += [f"{idx}/label_emb.record.json", f"{idx}/{m.tree}.record.json"]
+        for f in dict.fromkeys(("train", fit)):
+            model = linear_model_dir(res, dataset, settings, m.emb, m.tree, f)
+            out += [f"{model.rsplit('/', 1)[0]}/train.record.json", f"{m.linear_dir(res, dataset, f)}/clusters.record.json"]
+        out += [f"{m.matcher_dir(res, dataset)}/record.json", f"{m.ranker_dir(res, dataset)}/train.record.json",
                 f"{m.predict_dir(res, dataset)}/predict.record.json"]
     if len(xt_members(settings, variant)) > 1:
         out.append(f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/record.json")

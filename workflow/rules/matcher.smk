@@ -57,7 +57,8 @@ rule xtransformer_linear_train:
 rule xtransformer_linear_clusters:
     """The linear tree's beam: top-b finest clusters of every document (a matcher's output)."""
     input:
-        model=XT_LIN + "/model",
+        # the xr-linear target's model when it is the same model (same tree and splits): fit once
+        model=lambda w: xtg.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
         X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=SPLITS),
     output:
         clusters=expand(XT_LIN + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
