@@ -7,41 +7,65 @@ one-vs-all rankers ``h(x, l) = w_l^T phi(x)`` and combines both:
 * ranker input ``phi(x)``: ``phi_tfidf(x)`` alone (``ranker_input: tfidf``, Table 5 row 0)
   or ``phi_tfidf(x) ⊕ phi_neural(x)`` (``tfidf+neural``); each block is L2-normalised
   and the neural block is scaled by ``neural_weight`` (1 by default: blocks of equal norm);
+* candidate clusters (``candidates``, :func:`candidate_clusters`): the clusters Eq. 2
+  searches for a document —
+
+  - ``matcher``: the matcher's top-``b`` (the paper: labels outside them are ``-inf``);
+  - ``union`` (default): the matcher's top-``b`` together with the top-``b`` of the
+    linear tree's beam over the same clusters (XR-Linear over the matcher's tree,
+    ``python -m xmc_steps.xr_linear clusters``).  *An addition the paper lacks*: a
+    matcher that misses a document's clusters can then cost no recall that the
+    linear path would have had, whatever the matcher learnt.  XR-Transformer, the
+    paper's successor, likewise ranks with a linear model on ``TF-IDF ⊕ neural``
+    features over its whole tree rather than inside the matcher's clusters only;
+  - ``linear``: the linear tree's top-``b`` alone (a reference row);
+
 * negatives (:mod:`xmc_steps.negatives`): TFN = ``Y C`` (instances with a positive in
-  the label's cluster), MAN = the matcher's top-``b`` clusters on the training data
-  (``M_hat``), or TFN+MAN (``M' = YC + M_hat``);
+  the label's cluster), MAN = the candidate clusters on the training data (``M_hat``:
+  the matcher's top-``b``, as the paper, or the union), or TFN+MAN (``M' = YC + M_hat``);
+  the rankers are trained on the negatives of the clusters they will be asked about;
 * the solver is the foundation's :func:`xmc_steps.ranker.train_rankers` (L2-regularised
   squared hinge, weights below ``threshold`` dropped), one per label;
-* prediction (Eq. 2): labels outside the matcher's top-``b`` clusters get no score
-  (the paper's ``-inf``); inside, ``f(x, l) = sigma(g(x, c_l), h(x, l))`` with the
+* prediction (Eq. 2): labels outside the candidate clusters get no score; inside,
+  ``f(x, l) = sigma(g(x, c_l), h(x, l))`` with ``g`` the matcher's score of the label's
+  cluster (:func:`matcher_scores`: ``w_k . phi(x)`` from the matcher's head and the
+  stored embeddings, so linear-only candidates have a matcher score too) and the
   combiner ``sigma`` chosen by ``combiner``:
 
-  - ``ranker`` (default): ``T(h)``; the matcher decides which clusters are searched
-    (labels outside them are ``-inf``), the ranker orders the labels inside;
-  - ``product``: ``T(g) * T(h)``, the product of the transformed matcher and ranker
-    scores, as the XR-Linear beam search scores a path;
+  - ``ranker`` (default): ``T(h)``; the candidates decide which clusters are searched,
+    the ranker orders the labels inside;
+  - ``product``: ``T(g) * T(h)``, as the XR-Linear beam search scores a path;
   - ``mean``: ``(T(g) + T(h)) / 2``;
 
   where ``T`` is ``transform`` (l3-hinge ``exp(-max(0, 1 - z)^3)`` by default: both the
-  matcher (Eq. 3) and the rankers are squared-hinge models, whose margin is 1).  The
-  paper leaves sigma open ("a non-linear activation function to combine the final
-  scores").  We default to ``ranker``: on the debtags *validation* split (rankers fit
-  on train only, MiniLM matcher over 64 clusters) it gave P@1 92.9 against 91.8 for
-  ``product`` and 92.3 for ``mean`` — the fine-tuned matcher's squared-hinge scores are
-  over-confident, and multiplying them in demotes good labels of a runner-up cluster.
+  matcher (Eq. 3) and the rankers are squared-hinge models, whose margin is 1), floored
+  at ``1e-30`` so that no candidate underflows to a dropped zero.  The paper leaves sigma
+  open ("a non-linear activation function to combine the final scores").
+
+Both defaults were chosen on the validation split: ``python -m xmc_steps.xtransformer
+select`` (the ``xtransformer-selection`` target) fits the rankers on train and writes the
+table of every candidate set x combiner on valid to
+``results/<dataset>/xtransformer-selection.{md,csv,json}``.  See the README for the
+tables of debtags, reuters21578/modapte-all5 and yso-finna-sv-50k the defaults come from.
 
 CLI::
 
     python -m xmc_steps.xtransformer train --tfidf X_train.npz X_valid.npz \\
         [--emb emb_train.npz emb_valid.npz] --labels Y_train.npz Y_valid.npz \\
-        --clusters clusters_train.npz clusters_valid.npz --tree tree.npz --out DIR --params JSON
-    python -m xmc_steps.xtransformer predict --model DIR --tfidf X_test.npz [--emb emb_test.npz] \\
-        --clusters clusters_test.npz --out predictions.parquet --params JSON
+        --clusters clusters_train.npz clusters_valid.npz [--linear lin_train.npz lin_valid.npz] \\
+        --tree tree.npz --out DIR --params JSON
+    python -m xmc_steps.xtransformer predict --model DIR --matcher-model model.safetensors \\
+        --tfidf X_test.npz --emb emb_test.npz --clusters clusters_test.npz [--linear lin_test.npz] \\
+        --out predictions.parquet --params JSON
+    python -m xmc_steps.xtransformer select --tfidf X_train.npz X_valid.npz --emb ... --labels ... \\
+        --clusters ... --linear ... --matcher-model model.safetensors --tree tree.npz \\
+        --out-csv T.csv --out-md T.md --out-json T.json --params JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -331,11 +355,16 @@ def _select_cli(args) -> None:
             head = load_head(args.matcher_model)
         Xr = {s: ranker_features(X[s], emb[s], base.ranker_input, base.neural_weight) for s in X}
         rows = []
+        trained: dict[bytes, tuple[sp.csr_matrix, float]] = {}   # MAN pattern -> rankers (K <= b: all the same)
         for cand in CANDIDATES:
             p = XTransformerRankerParams.from_dict({**base.to_dict(), "candidates": cand})
             M_hat = candidate_clusters(G["train"], Lin["train"], cand, p.topb)
-            with st.timed(f"train_{cand}"):
-                W = train(Xr["train"], Y["train"], C, M_hat, p)
+            key = hashlib.sha1(M_hat.indptr.tobytes() + M_hat.indices.tobytes()).digest()
+            if key not in trained:
+                t0 = time.perf_counter()
+                trained[key] = (train(Xr["train"], Y["train"], C, M_hat, p), time.perf_counter() - t0)
+            W, train_s = trained[key]
+            st.timings[f"train_{cand}"] = train_s
             cv = candidate_clusters(G["valid"], Lin["valid"], cand, p.topb)
             Gv = matcher_scores(cv, emb["valid"], head)
             truth = Y["valid"]
