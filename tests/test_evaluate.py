@@ -258,3 +258,11 @@ def test_parent_run_id_without_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "xmc_steps.tracking", fake)
     monkeypatch.setattr(xmc_steps, "tracking", fake, raising=False)
     assert ev.parent_run_id("d", "m") is None
+
+
+def test_device_comes_from_the_stage_records():
+    assert ev.detect_device([]) == "cpu"
+    assert ev.detect_device([{"device": None}, {"device": "cpu"}]) == "cpu"
+    assert ev.detect_device([{"device": "cpu"}, {"device": "cuda:NVIDIA H100 80GB HBM3"}]) == "cuda:NVIDIA H100 80GB HBM3"
+    # a bare "cuda" is named by torch where it sees a GPU, else kept as it is
+    assert ev.detect_device([{"device": "cuda"}]).startswith("cuda")

@@ -151,24 +151,34 @@ NEURAL_TINY = {
 
 @pytest.mark.timeout(1800)
 def test_neural_targets_end_to_end_with_minilm(tmp_path):
-    """X-Transformer (+ a variant and an ensemble) and ELIAS++ through the DAG: MiniLM, 16 tokens, a few steps."""
+    """X-Transformer (two Table 5 variants, the paper's candidates, the validation table) and ELIAS++
+    (alone and ensembled over two clustering seeds) through the DAG: MiniLM, 16 tokens, a few steps.
+
+    One thread per job lets two tiny jobs run at once.  Covered elsewhere, so not run here: the
+    elias-stage1 target (tests/test_slurm.py runs it locally and under SLURM) and the plan of an
+    X-Transformer ensemble over indexings (test_wiki500k_elias_paper_plan_has_gpu_training_rules);
+    both ensembles run the same ``xmc_steps.ensemble`` stage, which elias-ensemble runs here.
+    """
     _toy(tmp_path)
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **NEURAL_TINY}}}
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
     targets = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
-               "results/toy/xtransformer-ens.json", "results/toy/xtransformer-paper-candidates.json",
-               "results/toy/elias.json", "results/toy/elias-stage1.json", "results/toy/elias-ensemble.json"]
+               "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
+               "results/toy/elias-ensemble.json"]
     _run(tmp_path, *targets, "results/toy/xtransformer-selection.md", overrides=over)
     for t in targets:
         res = json.loads((tmp_path / t).read_text())
-        assert 0 <= res["metrics"]["p_at_1"] <= 100
-        assert res["model_size_bytes"] > 0
+        # the toy's labels are written in its words: a method that learned nothing (chance is
+        # about 25) or lost the true labels from its candidates falls far below this floor
+        assert res["metrics"]["p_at_1"] >= 80.0, (t, res["metrics"])
+        assert res["model_size_bytes"] > 0 and res["device"] == "cpu"
     full = json.loads((tmp_path / "results/toy/elias.json").read_text())
     rules = {s["rule"] for s in full["stages"]}
     assert {"elias_stage1", "elias_stage2", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict"} <= rules
     ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
-    # the variants share the matcher: trained once
-    assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 2     # pifa-tfidf and pifa-neural
+    assert any(s["rule"] == "elias_ensemble" for s in ens["stages"])
+    # the variants and the validation table share one matcher: trained once
+    assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 1
     # the validation table: every candidate set x combiner, rankers fit on train
     sel = json.loads((tmp_path / "results/toy/xtransformer-selection.json").read_text())
     assert {(r["candidates"], r["combiner"]) for r in sel["rows"]} == {
@@ -195,7 +205,7 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
     tiny = {k: v for k, v in NEURAL_TINY.items() if k == "xtransformer"}
     tiny = json.loads(json.dumps(tiny))
     tiny["xtransformer"]["matcher"].update(allow_weak=False, lr=1e-12, lr_head=1e-12, head_init="random", steps=2)
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **tiny}}}
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}}}
     r = _run(tmp_path, "results/toy/xtransformer.json", overrides=over, check=False)
     assert r.returncode != 0
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
@@ -205,10 +215,11 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
     assert not (mdir / "model.safetensors").exists() and not (mdir / "guard.json").exists()
     assert list((mdir / "checkpoints").glob("step-*"))
     assert not (tmp_path / "results" / "toy" / "xtransformer.json").exists()
-    # allow_weak lets the same run go on, from the kept checkpoint (no training again)
+    # allow_weak lets the same matcher job go on, from the kept checkpoint (no training again);
+    # the stages after it are the neural DAG test's
     tiny["xtransformer"]["matcher"]["allow_weak"] = True
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **tiny}}}
-    _run(tmp_path, "results/toy/xtransformer.json", overrides=over)
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}}}
+    _run(tmp_path, str((mdir / "guard.json").relative_to(tmp_path)), overrides=over)
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
     assert "training already complete" in log and "continuing: xtransformer.matcher.allow_weak is true" in log
     guard = json.loads((mdir / "guard.json").read_text())

@@ -194,10 +194,19 @@ def collect_versions() -> dict[str, str | None]:
     }
 
 
-def detect_device() -> str:
-    """``cuda:<name>`` when torch sees a GPU, else ``cpu`` (torch absent: ``cpu``)."""
-    if importlib.util.find_spec("torch") is None:
+def detect_device(stages: Iterable[Mapping[str, Any]] = ()) -> str:
+    """The device the method's stages ran on: ``cuda:<name>`` when any stage record says it
+    used CUDA (the name from torch, or the record's own string when torch cannot tell), else ``cpu``.
+
+    Read from the stage records rather than from the evaluating machine, which is not where
+    training ran on a cluster; importing torch (seconds) only happens for a CUDA run.
+    """
+    used = [str(s.get("device") or "") for s in stages]
+    cuda = [d for d in used if d.startswith("cuda")]
+    if not cuda:
         return "cpu"
+    if any(d.startswith("cuda:") and not d[5:].isdigit() for d in cuda):
+        return next(d for d in cuda if d.startswith("cuda:") and not d[5:].isdigit())
     try:
         import torch
 
@@ -205,7 +214,7 @@ def detect_device() -> str:
             return f"cuda:{torch.cuda.get_device_name(0)}"
     except Exception:  # a broken CUDA install must not fail the evaluation
         pass
-    return "cpu"
+    return cuda[0]
 
 
 def parent_run_id(dataset: str, method: str, log=None) -> str | None:
@@ -428,7 +437,7 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "config": config,
         "config_hash": args.config_hash or "",
         "versions": collect_versions(),
-        "device": detect_device(),
+        "device": detect_device(summary["stages"]),
         "mlflow": {
             "evaluate_run_id": None,
             "parent_run_id": parent_run_id(dataset, method, log) if tracking_enabled(args) else None,
