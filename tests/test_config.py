@@ -50,3 +50,19 @@ def test_override_merges_and_hash_changes():
     # parabel does not depend on the cluster section
     assert config.config_hash(config.method_settings(c, "toy", "parabel")) == config.config_hash(
         config.method_settings(c, "debtags", "parabel"))
+
+
+def test_paper_config_predicts_with_the_trained_beam_and_shortlist():
+    """ELIAS §4 keeps b = 20 and K = 2,000 at prediction: no dataset of config.paper.yaml may
+    inherit config.yaml's debtags-sized prediction shortlist."""
+    base = yaml.safe_load((ROOT / "config.yaml").read_text())
+    paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())
+    merged = config.deep_merge(base, paper)
+    config.validate(merged, source="config.yaml + config.paper.yaml")
+    with_elias = [d for d, sec in paper["datasets"].items() if "elias" in sec]
+    assert with_elias
+    for d in with_elias:
+        el = config.dataset_settings(merged, d)["elias"]
+        K = el["predict"]["K"] if el["predict"]["K"] is not None else el["index"]["K"]
+        b = el["predict"]["b"] if el["predict"]["b"] is not None else el["index"]["b"]
+        assert (b, K) == (20, 2000), (d, el["predict"], el["index"])
