@@ -53,3 +53,44 @@ def test_ranker_reranks_candidates():
         cand.data * np.exp(-np.maximum(0, 1 - h) ** 3), rel=1e-5)
     F = calibration_features(h, cand.data, cand.indices, np.arange(L, dtype=float))
     assert F.shape == (cand.nnz, 3) and np.all(F[:, 2] == cand.indices)
+
+
+def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path, monkeypatch):
+    """The calibration tree's frequency feature must not see the validation split it is fitted on:
+    it is the ranker's training-label count, for fitting and for prediction alike."""
+    from xmc_steps import elias_plus, io
+
+    rng = np.random.default_rng(2)
+    n, L, d = 120, 6, 10
+    split = {}
+    for name in ("train", "valid"):
+        Y = sp.random(n, L, density=0.3, random_state=int(rng.integers(1 << 30)), format="csr")
+        Y.data[:] = 1
+        X = sp.csr_matrix(Y.toarray() @ rng.normal(size=(L, d)) + 0.1 * rng.normal(size=(n, d)))
+        S = sp.csr_matrix(np.clip(Y.toarray() * 0.3 + rng.random((n, L)) * 0.7, 1e-3, 1).astype(np.float32))
+        io.save_csr(tmp_path / f"Y_{name}.npz", Y)
+        io.save_csr(tmp_path / f"X_{name}.npz", X)
+        io.save_arrays(tmp_path / f"emb_{name}.npz", emb=rng.normal(size=(n, 4)).astype(np.float32))
+        io.write_predictions(tmp_path / f"cand_{name}.parquet", S, L)
+        split[name] = Y
+    seen = []
+    real = elias_plus.calibration_features
+    monkeypatch.setattr(elias_plus, "calibration_features",
+                        lambda h, e, idx, freq: seen.append(np.array(freq)) or real(h, e, idx, freq))
+
+    def run(cmd, name, *extra):
+        elias_plus.main([cmd, "--tfidf", str(tmp_path / f"X_{name}.npz"), "--emb", str(tmp_path / f"emb_{name}.npz"),
+                         "--candidates", str(tmp_path / f"cand_{name}.parquet"), "--no-tracking",
+                         "--params", '{"n_candidates": 5}', *extra])
+
+    run("train", "train", "--labels", str(tmp_path / "Y_train.npz"), "--out", str(tmp_path / "ranker"))
+    run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
+        "--out", str(tmp_path / "cal"))
+    run("predict", "valid", "--model", str(tmp_path / "ranker"), "--calibration", str(tmp_path / "cal"),
+        "--out", str(tmp_path / "pred.parquet"))
+    train_freq = np.asarray(split["train"].sum(axis=0)).ravel()
+    assert len(seen) == 2
+    for freq in seen:
+        assert freq == pytest.approx(train_freq)
+        assert not np.allclose(freq, train_freq + np.asarray(split["valid"].sum(axis=0)).ravel())
+    assert io.read_predictions(tmp_path / "pred.parquet", L).shape == (n, L)

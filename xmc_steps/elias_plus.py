@@ -14,6 +14,9 @@
 * **Score calibration** (Table 3, "+ Score calibration"): a decision tree classifier
   (scikit-learn, ``max_depth`` 5 by default) on ``[ranker score h, ELIAS score, label
   training frequency]`` fitted on the *validation* split's candidates (never on test),
+  the frequency counted over the labels ELIAS and the ranker were trained on (stored
+  with the ranker as ``label_freq.npz``; counting the validation split too would hand
+  the tree a feature that is one higher on exactly its own positives),
   target = the candidate is a true label; the calibrated score is the tree's
   probability of the positive class.  A depth-5 tree has at most 32 leaves, so many
   candidates share a score: ties are broken by adding ``1e-6`` x the uncalibrated
@@ -23,8 +26,7 @@
 CLI::
 
     python -m xmc_steps.elias_plus train --tfidf X_train.npz [..] --emb emb_train.npz [..] \\
-        --labels Y_train.npz [..] --candidates elias_train.parquet [..] --label-table labels.parquet \\
-        --out DIR --params JSON
+        --labels Y_train.npz [..] --candidates elias_train.parquet [..] --out DIR --params JSON
     python -m xmc_steps.elias_plus calibrate --model DIR --tfidf X_valid.npz --emb emb_valid.npz \\
         --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL --params JSON
     python -m xmc_steps.elias_plus predict --model DIR [--calibration DIR_CAL] --tfidf X_test.npz \\
@@ -183,6 +185,7 @@ def _train_cli(args) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         io.save_csr(tmp / "W.npz", W)
+        io.save_arrays(tmp / "label_freq.npz", freq=np.asarray(Y.sum(axis=0)).ravel().astype(np.int64))
         io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
                                            "n_labels": int(L)})
         shutil.rmtree(out, ignore_errors=True)
@@ -199,6 +202,15 @@ def _load(model: str | Path):
     return io.load_csr(Path(model) / "W.npz"), meta
 
 
+def label_train_freq(model: str | Path) -> np.ndarray:
+    """Positives per label in the ranker's training labels (the calibration's third feature)."""
+    path = Path(model) / "label_freq.npz"
+    if not path.exists():
+        raise StageError(f"{path}: missing; this ELIAS++ ranker predates the stored training frequencies, "
+                         "train it again (rule elias_plus_ranker)")
+    return io.load_arrays(path)["freq"].astype(np.float64)
+
+
 def _calibrate_cli(args) -> None:
     out = Path(args.out)
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
@@ -210,8 +222,7 @@ def _calibrate_cli(args) -> None:
         h = ranker_scores(Xr, W, cand, p.bias)
         coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
         y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
-        freq = io.read_table(args.label_table, ["train_freq"]).column("train_freq").to_numpy().astype(np.float64)
-        F = calibration_features(h, cand.data, cand.indices, freq)
+        F = calibration_features(h, cand.data, cand.indices, label_train_freq(args.model))
         with st.timed("fit"):
             tree = fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
         tmp = out.parent / f".{out.name}.tmp"
@@ -240,8 +251,8 @@ def _predict_cli(args) -> None:
         base = uncalibrated_scores(cand.data, h, p)
         if args.calibration:
             tree = io.load_arrays(Path(args.calibration) / "calibration.npz")
-            freq = io.read_table(args.label_table, ["train_freq"]).column("train_freq").to_numpy().astype(np.float64)
-            score = apply_tree(tree, calibration_features(h, cand.data, cand.indices, freq)) + 1e-6 * base
+            score = apply_tree(tree, calibration_features(h, cand.data, cand.indices, label_train_freq(args.model)))
+            score = score + 1e-6 * base
         else:
             score = base
         out = cand.copy()
@@ -258,7 +269,6 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--tfidf", nargs="+", required=True)
         q.add_argument("--emb", nargs="+", required=True)
         q.add_argument("--candidates", nargs="+", required=True, help="ELIAS prediction tables (top-K)")
-        q.add_argument("--label-table", required=True, help="labels.parquet")
         q.add_argument("--out", required=True)
         if name != "predict":
             q.add_argument("--labels", nargs="+", required=True)

@@ -142,7 +142,6 @@ rule elias_plus_ranker:
         Y=RES + "/{dataset}/ingest/Y_train.npz",
         emb=EL + "/stage2/emb_train.npz",
         cand=EL + "/stage2/pred_train.parquet",
-        labels=RES + "/{dataset}/ingest/labels.parquet",
     output:
         model=directory(EL + "/plus/ranker"),
         record=EL + "/plus/ranker.record.json",
@@ -159,7 +158,7 @@ rule elias_plus_ranker:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
-        "--candidates {input.cand} --label-table {input.labels} --out {output.model} "
+        "--candidates {input.cand} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_ranker --config-hash {params.hash}"
 
@@ -172,7 +171,6 @@ rule elias_plus_calibrate:
         Y=RES + "/{dataset}/ingest/Y_valid.npz",
         emb=EL + "/stage2/emb_valid.npz",
         cand=EL + "/stage2/pred_valid.parquet",
-        labels=RES + "/{dataset}/ingest/labels.parquet",
     output:
         model=directory(EL + "/plus/calibration"),
         record=EL + "/plus/calibration.record.json",
@@ -189,7 +187,7 @@ rule elias_plus_calibrate:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
-        "--labels {input.Y} --candidates {input.cand} --label-table {input.labels} --out {output.model} "
+        "--labels {input.Y} --candidates {input.cand} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_calibrate --config-hash {params.hash}"
 
@@ -202,7 +200,6 @@ rule elias_plus_predict:
         X=RES + "/{dataset}/features/tfidf/X_test.npz",
         emb=EL + "/stage2/emb_test.npz",
         cand=EL + "/stage2/pred_test.parquet",
-        labels=RES + "/{dataset}/ingest/labels.parquet",
     output:
         predictions=EL + "/plus/predictions_test_{cal}.parquet",
         record=EL + "/plus/predict_{cal}.record.json",
@@ -222,7 +219,7 @@ rule elias_plus_predict:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
-        "--emb {input.emb} --candidates {input.cand} --label-table {input.labels} --out {output.predictions} "
+        "--emb {input.emb} --candidates {input.cand} --out {output.predictions} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_predict --config-hash {params.hash}"
 
