@@ -229,3 +229,26 @@ def test_bucket_by_length_is_a_permutation_of_length_sorted_batches():
     assert np.mean(spread) < 0.25 * np.ptp(lengths)
     # windows keep the epoch's order: the first window's examples come first
     assert set(out[:160].tolist()) == set(order[:160].tolist())
+
+
+def test_xlnet_pools_its_summary_token_at_the_end(tmp_path):
+    """XLNet's tokenizer ends a text with <sep> <cls>; rows are right-padded, so "cls" pooling
+    (and every layer of cls-concat-last-k) must read position length - 1, not the first word piece."""
+    from transformers import XLNetConfig, XLNetModel
+
+    torch.manual_seed(0)
+    XLNetModel(XLNetConfig(vocab_size=120, d_model=16, n_layer=2, n_head=2, d_inner=32)).save_pretrained(
+        str(tmp_path / "xlnet"), safe_serialization=True)
+    ids = torch.randint(5, 120, (3, 7))
+    mask = (torch.arange(7)[None, :] < torch.tensor([[7], [4], [2]])).long()
+    ids = ids * mask                                            # pad id 0 on the right
+    enc = neural.TextEncoder(str(tmp_path / "xlnet"), pooling="cls", pretrained=True).eval()
+    assert enc.describe()["summary_token"] == "last"
+    with torch.no_grad():
+        h = enc.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = enc(ids, mask)
+        assert torch.allclose(got, torch.stack([h[0, 6], h[1, 3], h[2, 1]]))
+        assert not torch.allclose(got, h[:, 0])
+        cat = neural.TextEncoder(str(tmp_path / "xlnet"), pooling="cls-concat-last-k", last_k=2).eval()
+        hs = cat.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        assert torch.allclose(cat(ids, mask)[:, :16], got) and torch.allclose(cat(ids, mask)[2, 16:], hs[-2][2, 1])

@@ -11,11 +11,15 @@ One code path for CPU and CUDA:
 * :class:`TextEncoder` — a Hugging Face encoder (resolved offline through
   :func:`xmc_steps.encoders.resolve`) with a pooling head:
 
-  - ``"cls"`` (default): the last layer's hidden state of the first token.  This is the
+  - ``"cls"`` (default): the last layer's hidden state of the summary token.  This is the
     "[CLS]-like" instance embedding phi(x) of X-Transformer §3.3 and is what the
-    X-Transformer matcher uses;
+    X-Transformer matcher uses.  The summary token is the first one (BERT's [CLS],
+    RoBERTa's <s>) except for the architectures in :data:`SUMMARY_TOKEN_LAST` (XLNet),
+    whose tokenizer appends ``<sep> <cls>`` after the text: there it is the last real
+    token of each row (rows are right-padded by :mod:`xmc_steps.tokenize`, so its position
+    is ``length - 1``), as XLNet's own sequence summary ("last") reads it;
   - ``"mean"``: the attention-masked mean of the last layer's token states;
-  - ``"cls-concat-last-k"``: the [CLS] states of the last ``k`` layers concatenated,
+  - ``"cls-concat-last-k"``: the summary-token states of the last ``k`` layers concatenated,
     last layer first (LightXML / GUDN, ``k = 5`` there); width ``k * hidden``.
 
 * :class:`TokenData` — a ``tokens_{split}.npz`` of :mod:`xmc_steps.tokenize`
@@ -95,6 +99,7 @@ from . import encoders, io
 
 CKPT_FORMAT = "xmc-trainer-ckpt-v1"
 POOLINGS = ("cls", "mean", "cls-concat-last-k")
+SUMMARY_TOKEN_LAST = frozenset({"xlnet"})     # model types whose summary token ends the sequence
 _NO_AMP = {"off", "none", "fp32", "false", "no", "0", ""}
 
 _default_log = logging.getLogger("xmc.neural")
@@ -206,6 +211,7 @@ class TextEncoder(nn.Module):
             if last_k < 1 or (n_layers is not None and last_k > n_layers):
                 raise ValueError(f"cls-concat-last-k: k = {last_k} but the encoder has {n_layers} layers")
         self.last_k = int(last_k) if pooling == "cls-concat-last-k" else 1
+        self.summary_last = getattr(config, "model_type", "") in SUMMARY_TOKEN_LAST
         # no pooler (dense + tanh): none of our poolings use it, and unused weights
         # would only be loaded, carried in the optimiser and saved
         kwargs = {"add_pooling_layer": False} if getattr(config, "model_type", "") in ("bert", "roberta", "xlm-roberta") else {}
@@ -224,16 +230,24 @@ class TextEncoder(nn.Module):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          output_hidden_states=want_all, return_dict=True)
         if self.pooling == "cls":
-            return out.last_hidden_state[:, 0]
+            return self._summary(out.last_hidden_state, attention_mask)
         if self.pooling == "mean":
             h = out.last_hidden_state
             m = attention_mask.unsqueeze(-1).to(h.dtype)
             return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
         hs = out.hidden_states  # embeddings + one per layer
-        return torch.cat([hs[-i][:, 0] for i in range(1, self.last_k + 1)], dim=-1)
+        return torch.cat([self._summary(hs[-i], attention_mask) for i in range(1, self.last_k + 1)], dim=-1)
+
+    def _summary(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Each row's summary-token state: position 0, or the last real token (XLNet)."""
+        if not self.summary_last:
+            return h[:, 0]
+        last = attention_mask.sum(1).long().clamp(min=1) - 1
+        return h[torch.arange(h.shape[0], device=h.device), last]
 
     def describe(self) -> dict[str, Any]:
         return {"encoder": self.name, "pooling": self.pooling, "last_k": self.last_k, "dim": self.dim,
+                "summary_token": "last" if self.summary_last else "first",
                 "hidden": self.hidden, "max_positions": self.max_positions}
 
 
