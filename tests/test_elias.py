@@ -1,6 +1,5 @@
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -165,15 +164,12 @@ def test_forward_is_never_dense_over_labels():
     m._shortlist(emb, rows, pos)  # warm-up
     from torch.profiler import ProfilerActivity, profile
 
-    t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = m._shortlist(emb, rows, pos)
         loss, _, _ = elias.elias_loss(out, 0.05)
-    dt = time.perf_counter() - t0
     biggest = max(e.cpu_memory_usage for e in prof.events())
     # an L-vector of floats is 800 kB, a C x L matrix 1.6 GB; the largest single allocation stays far below
-    assert biggest < 4 * L, biggest
-    assert dt < 5.0
+    assert biggest < 4 * L, biggest      # speed: bench/bench_neural.py (ELIAS index + classifier per document)
     assert out.labels.shape == (B, 500) and bool(out.target.sum() >= 1)
 
 

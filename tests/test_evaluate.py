@@ -266,3 +266,11 @@ def test_device_comes_from_the_stage_records():
     assert ev.detect_device([{"device": "cpu"}, {"device": "cuda:NVIDIA H100 80GB HBM3"}]) == "cuda:NVIDIA H100 80GB HBM3"
     # a bare "cuda" is named by torch where it sees a GPU, else kept as it is
     assert ev.detect_device([{"device": "cuda"}]).startswith("cuda")
+
+
+def test_propensity_constants_from_config_or_dataset_name():
+    assert ev.propensity({}, "wiki500k") == (0.5, 0.4)
+    assert ev.propensity({"propensity": {"A": None, "B": None}}, "debtags") == (0.55, 1.5)
+    assert ev.propensity({"propensity": {"A": 0.5, "B": None}}, "my-wiki") == (0.5, 1.5)
+    with pytest.raises(StageError, match="propensity"):
+        ev.propensity({"propensity": {"C": 1.0}}, "debtags")

@@ -252,8 +252,9 @@ def test_inverse_propensity_wikipedia_constants():
 
 
 def test_propensity_constants():
-    assert M.propensity_constants("wiki10-31k") == (0.5, 0.4)
+    assert M.propensity_constants("WikiLSHTC-325K") == (0.5, 0.4)
     assert M.propensity_constants("Wiki500K") == (0.5, 0.4)
+    assert M.propensity_constants("wiki10-31k") == (0.55, 1.5)    # Jain et al. 2016: the default
     for name in ("amazoncat13k", "amazon670k", "amazon3m", "lf-amazontitles131k"):
         assert M.propensity_constants(name) == (0.6, 2.6)
     for name in ("eurlex4k", "debtags", ""):

@@ -9,15 +9,16 @@ CLI::
         --out results/{dataset}/{method}.json \\
         --plot results/{dataset}/{method}_decile_recall.png \\
         [--reported paper.json] [--effective-config config.json] [--schema S.json] \\
-        [--log ... --record ... --params '{"propensity_A": .., "propensity_B": ..}' \\
+        [--log ... --record ... --params '{"propensity": {"A": .., "B": ..}}' \\
          --dataset D --method M --rule evaluate --config-hash H --no-tracking]
 
 What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
 
 * metrics as **percentages** (:func:`xmc_steps.metrics.all_metrics`); inverse
   propensities from ``--train-labels`` (N = its rows, N_l = its column counts) with
-  the dataset's (A, B) (:func:`xmc_steps.metrics.propensity_constants`, overridable
-  through ``--params``); label deciles from the same training frequencies (a
+  the dataset's (A, B) (:func:`xmc_steps.metrics.propensity_constants` by the dataset's
+  name; ``evaluate.propensity: {A, B}`` in config.yaml, i.e. ``--params``, sets them,
+  null keeps the named default); label deciles from the same training frequencies (a
   mismatch with ``labels.parquet``'s ``train_freq`` is logged as a warning);
 * per-stage wall time and peak memory, copied from the stage records;
   ``total_train_time_s`` sums the records of phase ``train`` (see
@@ -367,16 +368,24 @@ def _read_inputs(args: argparse.Namespace, log):
     return scores, truth, Y_train, freq, L
 
 
+def propensity(params: Mapping[str, Any], dataset: str) -> tuple[float, float]:
+    """(A, B): ``params["propensity"]`` where set (a null keeps the dataset's named default)."""
+    A, B = xm.propensity_constants(dataset)
+    given = params.get("propensity") or {}
+    if not isinstance(given, Mapping) or set(given) - {"A", "B"}:
+        raise StageError(f"evaluate: propensity must be {{A, B}}; got {given!r}")
+    return (float(given["A"]) if given.get("A") is not None else A,
+            float(given["B"]) if given.get("B") is not None else B)
+
+
 def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
     """Compute the result document (validated by the caller)."""
     log = st.log
     dataset = args.dataset or Path(args.out).parent.name
     method = args.method or Path(args.out).stem
     params = st.params
-    A_def, B_def = xm.propensity_constants(dataset)
-    A = float(params.get("propensity_A", A_def))
-    B = float(params.get("propensity_B", B_def))
-    st.params.update({"propensity_A": A, "propensity_B": B})
+    A, B = propensity(params, dataset)
+    st.params.update({"propensity": {"A": A, "B": B}})
 
     with st.timed("read"):
         scores, truth, Y_train, freq, L = _read_inputs(args, log)

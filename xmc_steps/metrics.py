@@ -98,7 +98,7 @@ METRIC_KEYS: tuple[str, ...] = (
 #: List-valued key of :func:`all_metrics`: per-decile contribution to recall@100.
 DECILE_KEY = "decile_recall_at_100"
 
-_WIKI_SETS = frozenset({"wiki10-31k", "wiki500k"})
+_WIKI_SETS = frozenset({"wikilshtc-325k", "wiki500k"})
 _AMAZON_SETS = frozenset({"amazoncat13k", "amazon670k", "amazon3m", "lf-amazontitles131k"})
 
 # Target number of elements (rows x columns) materialised per chunk.
@@ -111,10 +111,12 @@ _CHUNK_ELEMS = 1 << 21
 def propensity_constants(dataset_name: str) -> tuple[float, float]:
     """The (A, B) propensity constants of Jain et al. 2016 for a canonical dataset name.
 
-    (0.5, 0.4) for the Wikipedia sets (``wiki10-31k``, ``wiki500k``); (0.6, 2.6) for
-    the Amazon sets (``amazoncat13k``, ``amazon670k``, ``amazon3m``,
-    ``lf-amazontitles131k``); (0.55, 1.5) for everything else.  Case-insensitive,
-    exact names only (no prefix guessing).
+    (0.5, 0.4) for the large Wikipedia sets (``wikilshtc-325k``, ``wiki500k``); (0.6, 2.6)
+    for the Amazon sets (``amazoncat13k``, ``amazon670k``, ``amazon3m``,
+    ``lf-amazontitles131k``); (0.55, 1.5) for everything else, Wiki10-31K included (it
+    uses the default in Jain et al. 2016 and pyxclib).  Case-insensitive, exact names
+    only (no prefix guessing); a dataset under another name sets its own constants with
+    ``evaluate.propensity: {A, B}`` in config.yaml.
     """
     name = (dataset_name or "").strip().lower()
     if name in _WIKI_SETS:
