@@ -222,6 +222,38 @@ def test_wl_delay_and_swa(tiny, tmp_path):
         assert torch.equal(v, sd[k]), k
 
 
+@pytest.mark.parametrize("mode", ["touched", "all"])
+def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypatch, mode):
+    """wl_decay touched: a W_L row outside every shortlist of the run is never decayed (nor moved);
+    wl_decay all: AdamW shrinks it at every step, as the dense parameter it is."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, cls = toy_tokens(16, 12, 2)
+    L = 16
+    Y = sp.csr_matrix(np.eye(L, dtype=np.float32)[cls * 2])            # labels 0 and 2 only (cluster 0)
+    p = elias.EliasParams(encoder=tiny, steps=3, batch_size=8, warmup_steps=0, eval_every=0, checkpoint_every=0,
+                          device="cpu", lr_clf=0.5, weight_decay=0.1, b=1, K=4, wl_decay=mode).resolved(1, 16, L, 4)
+    index, value = elias.adjacency_from_assignment(np.arange(L) // 4, 4)
+    m = elias.build_model(p, 4, L, index.shape[1], fixed_edges=True)
+    m.set_adjacency(index, value)
+    wl0 = m.wl.detach().clone()
+    touched = set()
+    real = elias.decay_touched_rows
+
+    def spy(wl, rows, trainer, wd):
+        touched.update(rows.tolist())
+        return real(wl, rows, trainer, wd)
+
+    monkeypatch.setattr(elias, "decay_touched_rows", spy)
+    elias.train_elias(m, neural.TokenData(ids, lengths), Y, p, tmp_path / "ck")
+    moved = {i for i in range(L) if not torch.equal(m.wl[i], wl0[i])}
+    if mode == "touched":
+        assert {0, 2} <= touched and len(touched) < L
+        assert moved <= touched                          # an untouched row neither moves nor decays
+        assert moved                                     # and the touched ones learn
+    else:
+        assert not touched and moved == set(range(L))   # every row decays at every step
+
+
 # --------------------------------------------------------------------------- CLI, stage 1 -> 2 -> predict
 
 

@@ -77,6 +77,14 @@ Staged training (§3.4) and the hyper-parameters
   on biases/gains; ``A_value`` gets ``weight_decay_A`` (default 0: the entries are edge
   logits, and decay would pull every row towards a uniform softmax); warm-up then
   linear decay; gradient clipping ``max_grad_norm``.
+* ``wl_decay`` (``touched``, the default, or ``all``): AdamW's decoupled weight decay on
+  ``wl``.  ``all`` decays every one of the L rows at every step, as a plain AdamW over a
+  dense parameter does; a label seen once per epoch at Wiki-500K then shrinks by
+  ``(1 - lr wd)`` about N / batch times between its visits, where the paper, updating
+  ``W_L`` every 10 steps, applies a tenth of that.  ``touched`` decays, after each
+  optimisation step, only the rows the step's shortlists touched (the rows whose
+  gradient it computed), at the ``clf`` learning rate of that moment: the shrinkage then
+  follows a label's own updates, as in a sparse optimiser.  ``Wc`` keeps the usual decay.
 * ``wl_delay_steps``: ``wl`` (and its bias) are frozen (no gradient, no update, no decay)
   for the first ``wl_delay_steps`` optimisation steps of the stage.  (The paper's
   "update W_L every k = 10 steps" accumulation trick is a speed device and is not
@@ -183,6 +191,7 @@ class EliasParams(Params):
     eps: float = 1e-6
     wl_bias: bool = False
     wl_delay_steps: int = 0
+    wl_decay: str = "touched"       # touched | all: which rows of W_L AdamW's weight decay shrinks per step
     swa_epochs: float = 0.0
     checkpoint_every: int = 500
     eval_every: int = 100           # 0: no validation during training
@@ -228,6 +237,8 @@ class EliasParams(Params):
             raise ValueError(f"lr_A must be >= 0, got {self.lr_A}")
         if not 0 < self.eps < 0.5:
             raise ValueError(f"eps must be in (0, 0.5), got {self.eps}")
+        if self.wl_decay not in ("touched", "all"):
+            raise ValueError(f"wl_decay must be touched or all, got {self.wl_decay!r}")
         if str(self.amp).lower() not in neural._NO_AMP | {"auto", "bf16", "fp16", "true", "1"}:
             raise ValueError(f"amp must be one of auto, bf16, fp16, off; got {self.amp!r}")
 
@@ -740,6 +751,15 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: neural.Trainer, weight_decay: float) -> None:
+    """AdamW's decoupled decay ``w <- w (1 - lr wd)`` on the given rows of ``wl`` only, at the
+    current learning rate of the optimiser's ``wl`` group (``wl_decay: touched``)."""
+    lr = next(g["lr"] for g in trainer.optimizer.param_groups if g.get("group") == "wl")
+    with torch.no_grad():
+        r = torch.unique(rows.to(wl.device))
+        wl[r] *= 1.0 - lr * weight_decay
+
+
 def _set_wl_trainable(model: EliasModel, on: bool) -> None:
     model.wl.requires_grad_(on)
     if model.wl_bias is not None:
@@ -764,13 +784,17 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     n = len(tokens)
     if Y.shape != (n, model.n_labels):
         raise ValueError(f"Y has shape {Y.shape}, expected ({n}, {model.n_labels})")
-    named_clf = [("Wc", model.Wc), ("wl", model.wl)]
+    decay_touched = params.wl_decay == "touched" and tp.weight_decay > 0
+    named_clf = [("Wc", model.Wc)] + ([] if decay_touched else [("wl", model.wl)])
     if model.wl_bias is not None:
         named_clf.append(("wl_bias", model.wl_bias))
     groups = []
     if model.encoder is not None:
         groups += neural.param_groups({"encoder": (model.encoder, params.lr_encoder)}, tp.weight_decay)
     groups += neural.param_groups({"clf": (named_clf, params.lr_clf)}, tp.weight_decay)
+    if decay_touched:       # no AdamW decay on W_L: step_end decays the rows each step touched
+        groups += neural.param_groups({"wl": ([("wl", model.wl)], params.lr_clf)}, 0.0)
+    touched: list[torch.Tensor] = []
     if model.A_value.requires_grad:
         groups += neural.param_groups({"A": ([("A_value", model.A_value)], params.lr_A)}, params.weight_decay_A)
     swa, swa_start = None, tp.steps
@@ -781,7 +805,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     box = _TrainBox(model, swa)
     fp = {"stage_model": model.describe(), "lr_encoder": params.lr_encoder, "lr_A": params.lr_A,
           "weight_decay_A": params.weight_decay_A, "lambda_": params.lambda_, "eps": params.eps,
-          "wl_delay_steps": params.wl_delay_steps, "swa_epochs": params.swa_epochs, "encoder": params.encoder,
+          "wl_delay_steps": params.wl_delay_steps, "wl_decay": params.wl_decay, "swa_epochs": params.swa_epochs, "encoder": params.encoder,
           "pooling": params.pooling, "data": _digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": _digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
@@ -797,6 +821,9 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
             vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
 
     def step_end(step: int) -> dict[str, float] | None:
+        if touched:
+            decay_touched_rows(model.wl, torch.cat(touched), trainer, tp.weight_decay)
+            touched.clear()
         if step == params.wl_delay_steps:
             _set_wl_trainable(model, True)
         if swa is not None and step > swa_start:
@@ -820,6 +847,8 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         ids, mask, rows, labels = batch
         out = m.elias(ids, mask, rows, labels)
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
+        if decay_touched and model.wl.requires_grad:
+            touched.append(out.labels[out.labels >= 0].detach())
         return loss, {"loss_c": float(lc), "loss_s": float(ls)}
 
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
