@@ -74,7 +74,7 @@ def artifacts(tmp_path):
     recs = []
     for name, wall, rss, extra, metrics in [
         ("ingest", 2.0, 100.0, {}, {}),
-        ("tfidf", 3.0, 150.0, {}, {}),
+        ("tfidf", 3.0, 150.0, {}, {"online_ms_per_doc": 0.5}),     # the test split's transform
         ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu"}, {"loss": 0.1}),
         ("predict", 1.5, 300.0, {}, {"predict_latency_ms_per_doc": 2.5}),
     ]:
@@ -137,7 +137,9 @@ def test_evaluate_end_to_end(artifacts):
     assert res["total_wall_s"] == pytest.approx(16.5)
     assert res["peak_rss_mb"] == pytest.approx(400.0)
     assert res["model_size_bytes"] == 1234
-    assert res["predict_latency_ms_per_doc"] == pytest.approx(2.5)
+    # end to end: the tfidf transform of new text + the predict stage
+    assert res["predict_latency_ms_per_doc"] == pytest.approx(3.0)
+    assert sorted(res["predict_latency_parts_ms_per_doc"].values()) == pytest.approx([0.5, 2.5])
     assert res["config"] == {"seed": 0, "ranker": {"C": 1.0}} and res["config_hash"] == "abc123"
     assert res["reported"] == {"p_at_1": 84.4, "source": "X-Transformer Table 3"}
     assert res["mlflow"] == {"evaluate_run_id": None, "parent_run_id": None, "shared_stage_runs": {}}

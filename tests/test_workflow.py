@@ -192,6 +192,11 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     assert {"most_frequent", "linear_tree"} <= set(guard["baselines"]) and 0 <= guard["matcher_recall_at_b"] <= 1
     # the paper's candidates (matcher top-b only) are their own rankers and predictions
     full = json.loads((tmp_path / "results/toy/xtransformer.json").read_text())
+    # latency from raw text: tokens, TF-IDF, the matcher's encoder pass, the linear beam, the rankers
+    parts = full["predict_latency_parts_ms_per_doc"]
+    for piece in ("features/tokens/", "features/tfidf/", "/matcher/", "/clusters.record.json", "/predict.record.json"):
+        assert any(piece in k for k in parts), (piece, parts)
+    assert full["predict_latency_ms_per_doc"] == pytest.approx(sum(parts.values()), rel=1e-6)
     paper = json.loads((tmp_path / "results/toy/xtransformer-paper-candidates.json").read_text())
     assert any("ranker-tfidf+neural-tfn+man-matcher" in str(s) for s in paper["stages"])
     assert not any("ranker-tfidf+neural-tfn+man-matcher" in str(s) for s in full["stages"])

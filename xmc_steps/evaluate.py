@@ -25,11 +25,15 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
   :func:`record_phase`);
 * ``model_size_bytes``: total size of the files (recursively for folders) listed in
   the records' ``extra.model_paths`` (0 when no record lists any);
-* ``predict_latency_ms_per_doc``: ``metrics.predict_latency_ms_per_doc`` of the
-  ``predict``-phase record(s) that carry it, summed when several do (an ensemble runs
-  each member; ELIAS++ runs the ELIAS model and then its ranker); predictions made on
+* ``predict_latency_ms_per_doc``: end to end from raw text, batched wall time per test
+  document: ``metrics.predict_latency_ms_per_doc`` of the ``predict``-phase record(s)
+  that carry it (an ensemble runs each member; ELIAS++ runs the ELIAS model and then
+  its ranker) plus ``metrics.online_ms_per_doc`` of every other record (the test
+  split's tokenisation, TF-IDF transform, matcher encoder pass, linear-tree beam: what
+  predicting for new text repeats; :meth:`xmc_steps.stage.StageContext.online_cost`);
+  ``predict_latency_parts_ms_per_doc`` lists the parts by stage.  Predictions made on
   the training or validation split to train a later stage are ``train`` phase;
-  ``null`` when none does;
+  ``null`` when no predict-phase record carries a latency;
 * the effective config (``--effective-config`` JSON) and ``--config-hash``,
   package versions, device, MLflow run ids (this stage's and the parent run's),
   and the paper's reported figures (``--reported``; see :func:`select_reported`).
@@ -124,7 +128,7 @@ def path_size(path: str | os.PathLike) -> int:
 def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, Any]:
     """Per-stage table, train/total wall time, peak memory, model size, prediction latency."""
     stages, model_paths = [], []
-    latency = None
+    latency, parts = None, {}
     for r in records:
         extra = r.get("extra") or {}
         stages.append({
@@ -144,6 +148,10 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
         lat = (r.get("metrics") or {}).get("predict_latency_ms_per_doc")
         if lat is not None and record_phase(r) == "predict":
             latency = (latency or 0.0) + float(lat)
+            parts[stages[-1]["record"] or stages[-1]["rule"]] = float(lat)
+        online = (r.get("metrics") or {}).get("online_ms_per_doc")
+        if online is not None and record_phase(r) != "predict":
+            parts[stages[-1]["record"] or stages[-1]["rule"]] = float(online)
     size = 0
     for mp in model_paths:
         try:
@@ -158,7 +166,8 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
         "peak_rss_mb": max((s["peak_rss_mb"] for s in stages), default=0.0),
         "model_size_bytes": int(size),
         "model_paths": model_paths,
-        "predict_latency_ms_per_doc": latency,
+        "predict_latency_ms_per_doc": None if latency is None else round(sum(parts.values()), 6),
+        "predict_latency_parts_ms_per_doc": parts,
     }
 
 

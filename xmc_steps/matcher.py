@@ -768,6 +768,7 @@ def main(argv: list[str] | None = None) -> None:
             st.output(f"emb_{s}", out / f"emb_{s}.npz")
             st.output(f"clusters_{s}", out / f"clusters_{s}.npz")
         st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
+        st.online_cost(st.timings.get("predict_test", 0.0), len(tokens["test"]))   # encoder pass + top-b
         if device.type == "cuda":
             st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
         shutil.rmtree(ckpt_dir, ignore_errors=True)

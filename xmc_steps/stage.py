@@ -124,6 +124,15 @@ class StageContext:
 
         return on_step
 
+    def online_cost(self, seconds: float, n_docs: int) -> None:
+        """Record the part of this stage's work that predicting for new text repeats (the test
+        split's tokenisation, TF-IDF transform, encoder pass, linear-tree beam ...), as
+        ``online_ms_per_doc``: batched wall time per test document.  The evaluate stage adds
+        it to the predict stages' latency for the end-to-end figure.  Calls accumulate."""
+        self.extra["online_s"] = float(self.extra.get("online_s", 0.0)) + float(seconds)
+        self.extra["online_docs"] = max(int(self.extra.get("online_docs", 0)), int(n_docs))
+        self.metric("online_ms_per_doc", 1000.0 * self.extra["online_s"] / max(1, self.extra["online_docs"]))
+
     def predictions(self, path: str | os.PathLike, scores, topk: int, seconds: float) -> None:
         """Write a prediction table and record its cost (seconds, latency per document)."""
         io.write_predictions(path, scores, topk)

@@ -10,6 +10,7 @@ encoder's position limit is an error before anything is tokenized.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +54,11 @@ def main(argv: list[str] | None = None) -> None:
         tok = encoders.load_tokenizer(encoder)
         for s in SPLITS:
             texts = io.read_table(src / f"docs_{s}.parquet", ["text"]).column("text").to_pylist()
+            t0 = time.perf_counter()
             ids, lengths = tokenize(texts, tok, max_length,
                                     progress=lambda d, n, s=s: st.log.info("%s: %d/%d documents", s, d, n))
+            if s == "test":
+                st.online_cost(time.perf_counter() - t0, len(texts))
             io.save_arrays(out / f"tokens_{s}.npz", input_ids=ids, lengths=lengths)
             st.metric(f"truncated_fraction_{s}", float((lengths >= max_length).mean()) if len(lengths) else 0.0)
             st.output(f"tokens_{s}", out / f"tokens_{s}.npz")

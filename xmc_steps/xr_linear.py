@@ -445,8 +445,11 @@ def _clusters_cli(args) -> None:
             X = io.load_csr(f)
             if X.shape[1] != model.n_features:
                 raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
+            t0 = time.perf_counter()
             with st.timed("predict"):
                 S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"])
+            if Path(o).stem.endswith("_test"):          # clusters_test.npz: part of predicting new text
+                st.online_cost(time.perf_counter() - t0, X.shape[0])
             io.save_csr(o, S)
             st.output(Path(o).stem, o)
             st.log.info("%s: top-%d of %d clusters for %d documents", o, int(cfg["beam"]), S.shape[1], S.shape[0])
