@@ -30,8 +30,9 @@ def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
     """Run snakemake in ``tmp_path`` with the project's config plus an override file."""
     import yaml
 
+    # one thread per job: snakemake --cores 2 then runs two of the toy's small jobs at once
     over = {"data_dir": str(tmp_path / "data"), "results_dir": "results",
-            "datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}}}}
+            "datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1}}}
     for k, v in (overrides or {}).items():
         over[k] = v
     (tmp_path / "override.yaml").write_text(yaml.safe_dump(over))
