@@ -39,6 +39,14 @@ def _key_path(error) -> str:
     return ".".join(parts) if parts else "<top level>"
 
 
+def _ref_properties(schema: Mapping[str, Any], ref: str) -> dict[str, Any]:
+    """The ``properties`` of a local ``#/$defs/...`` reference."""
+    node: Any = schema
+    for part in ref.lstrip("#/").split("/"):
+        node = node[part]
+    return node.get("properties", {})
+
+
 def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path: Path = SCHEMA_PATH) -> None:
     """Validate ``config``; raise :class:`ConfigError` naming every bad key."""
     import jsonschema
@@ -48,8 +56,11 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
     messages = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = _key_path(err)
-        if err.validator == "additionalProperties":
-            allowed = sorted(err.schema.get("properties", {}))
+        if err.validator in ("additionalProperties", "unevaluatedProperties"):
+            allowed = set(err.schema.get("properties", {}))
+            if "$ref" in err.schema:      # a settings block: the shared definition's keys too
+                allowed |= set(_ref_properties(schema, err.schema["$ref"]))
+            allowed = sorted(allowed)
             extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
             for key in extra:
                 full = f"{where}.{key}" if where != "<top level>" else key
