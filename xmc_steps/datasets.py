@@ -14,7 +14,7 @@ Two input layouts are understood:
 
 A folder ``<data_dir>/<name>/`` is picked up by name for any name; the canonical names
 below are also found under their upstream folder names (``data/Wiki-500K`` for
-``wiki500k``).  Propensity constants follow DESIGN.md (A, B by family).
+``wiki500k``).  Propensity constants follow the name (A, B by family: xmc_steps.metrics.propensity_constants).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ Staged training (§3.4) and the hyper-parameters
   the saved model holds the average.  The running average lives in buffers that the
   trainer's checkpoints carry, so a resumed run averages the same steps.
 * Epochs become steps as ``ceil(epochs * N / (batch_size * grad_accum))``.
-* Stage-dependent defaults (the authors' Amazon-670K settings, DESIGN.md): stage 1 15
+* Stage-dependent defaults (the authors' Amazon-670K settings from their public code): stage 1 15
   epochs, ``lr_encoder 1e-4``, ``lr_clf 1e-2``, ``lambda_ 0``; stage 2 30 epochs,
   ``lr_encoder 3e-5``, ``lr_clf 3e-4``, ``lr_A 5e-3``, ``lambda_ 0.05``.  ``alpha 10``,
   ``beta = L / C``, ``b = min(20, C)``, ``K = min(2000, L)``, ``kappa = min(L, ceil(10 L / C))``.
@@ -104,7 +104,7 @@ Staged training (§3.4) and the hyper-parameters
   paper (whose remedy, updating ``W_L`` every 10 steps, is noted above); the forward pass
   itself touches only the ``B x K`` shortlisted rows.
 * The paper's appendix (training details per dataset) is not in the text we have; the
-  defaults come from DESIGN.md's table of the authors' settings.
+  defaults come from the authors' public Amazon-670K settings.
 * Every ``eval_every`` steps: shortlist recall@K (the share of a document's positives in
   its shortlist, averaged over documents with a positive) and P@1 of ``p`` on a fixed
   subset of at most ``eval_max_docs`` validation documents.  The final model is the one

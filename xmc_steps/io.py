@@ -1,6 +1,6 @@
 """Artifact I/O shared by every stage.
 
-Contracts (DESIGN.md "Data in, artifacts out"):
+The artifact contracts every stage keeps:
 
 * tables are Parquet (pyarrow), written with :func:`write_table`;
 * sparse matrices are scipy CSR with sorted indices in ``.npz``

@@ -1,4 +1,4 @@
-"""MLflow tracking of stage jobs (DESIGN.md, section "MLflow").
+"""MLflow tracking of stage jobs.
 
 Layout in the tracking store:
 

@@ -1,4 +1,4 @@
-# Evaluation: metrics of DESIGN.md, costs of every stage, results/{dataset}/{method}.json.
+# Evaluation: the metrics of xmc_steps/metrics.py, costs of every stage, results/{dataset}/{method}.json.
 
 SHARED_RECORDS = ["ingest/record.json", "features/tfidf/record.json"]
 
