@@ -20,6 +20,8 @@ import pytest
 from conftest import ROOT
 from test_workflow import _toy
 
+pytestmark = pytest.mark.slow      # a whole pipeline run (see pyproject's markers)
+
 SHARED_RULES = {"ingest", "tfidf", "label_embedding", "cluster"}      # xmc.rule as the stages log it
 METHOD_RULES = {"xr_linear_train", "xr_linear_predict", "evaluate"}
 

@@ -146,6 +146,7 @@ def _fit(ckpt, on_step=None, steps=10):
     return tr
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_current_step_then_resume_matches(tmp_path):
     ref = _fit(tmp_path / "ref")
     assert [s for s, _ in neural.list_checkpoints(tmp_path / "ref")] == [10]  # final checkpoint only
@@ -184,6 +185,7 @@ def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
     assert neural.list_checkpoints(tmp_path) == []  # set aside, with a warning
 
 
+@pytest.mark.slow
 def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
     script = str(HERE / "tiny_encoder.py")
     base = [sys.executable, script, "train", "--encoder", tiny, "--steps", "30", "--checkpoint-every", "5"]

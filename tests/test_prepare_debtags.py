@@ -360,6 +360,7 @@ def _release_date(source: dict) -> str:
         return ""
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_real_index_matches_reference(tmp_path):
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:

@@ -9,6 +9,8 @@ import pytest
 
 from test_workflow import _run, _toy
 
+pytestmark = pytest.mark.slow      # a whole pipeline run (see pyproject's markers)
+
 TARGET = "results/toy/xr-linear.json"
 
 

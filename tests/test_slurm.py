@@ -38,8 +38,9 @@ def _idle_node() -> bool:
     return r.returncode == 0 and bool(r.stdout.strip())
 
 
-pytestmark = pytest.mark.skipif(not _idle_node(), reason="no SLURM here (sinfo missing or no idle node): "
-                                                          "run scripts/slurm-local.sh start")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not _idle_node(), reason="no SLURM here (sinfo missing or no idle node): "
+                                                       "run scripts/slurm-local.sh start")]
 
 
 def _jobs(out: str) -> list[dict]:

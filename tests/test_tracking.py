@@ -204,6 +204,7 @@ _JOB = textwrap.dedent(
 _METHODS = ["xr-linear", "parabel", "", "xr-linear", "parabel", "", "xr-linear", "parabel"]
 
 
+@pytest.mark.slow
 def test_parallel_jobs_one_sqlite_store(tmp_path):
     results = tmp_path / "results"
     sync = tmp_path / "sync"

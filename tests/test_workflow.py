@@ -46,6 +46,7 @@ def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_linear_targets_end_to_end(tmp_path):
     _toy(tmp_path)
@@ -150,6 +151,7 @@ NEURAL_TINY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_neural_targets_end_to_end_with_minilm(tmp_path):
     """X-Transformer (two Table 5 variants, the paper's candidates, the validation table) and ELIAS++
@@ -203,6 +205,7 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     assert not any("ranker-tfidf+neural-tfn+man-matcher" in str(s) for s in full["stages"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
     """A matcher that cannot learn (a learning rate of 1e-12, a random head) fails its stage with
