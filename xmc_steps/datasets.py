@@ -14,7 +14,7 @@ Two input layouts are understood:
 
 A folder ``<data_dir>/<name>/`` is picked up by name for any name; the canonical names
 below are also found under their upstream folder names (``data/Wiki-500K`` for
-``wiki500k``).  Propensity constants follow the name (A, B by family: xmc_steps.metrics.propensity_constants).
+``wiki500k``).  Propensity constants follow the name (:func:`xmc_steps.metrics.propensity_constants`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from .stage import StageError
 class DatasetSpec:
     name: str
     upstream: tuple[str, ...]          # upstream folder names (AttentionXML / XMC repository)
-    family: str                        # wikipedia | amazon | other (propensity constants)
     bow_files: tuple[tuple[str, str], ...] = (("train.txt", "test.txt"),)
     description: str = ""
 
@@ -37,20 +36,18 @@ class DatasetSpec:
 CANONICAL: dict[str, DatasetSpec] = {
     s.name: s
     for s in [
-        DatasetSpec("debtags", ("debtags-bookworm",), "other", description="built-in: Debian package descriptions -> debtags"),
-        DatasetSpec("eurlex4k", ("Eurlex-4K", "EUR-Lex", "eurlex"), "other",
+        DatasetSpec("debtags", ("debtags-bookworm",), description="built-in: Debian package descriptions -> debtags"),
+        DatasetSpec("eurlex4k", ("Eurlex-4K", "EUR-Lex", "eurlex"),
                     (("eurlex_train.txt", "eurlex_test.txt"), ("train.txt", "test.txt"))),
-        DatasetSpec("wiki10-31k", ("Wiki10-31K", "Wiki10-31k", "wiki10"), "wikipedia"),
-        DatasetSpec("amazoncat13k", ("AmazonCat-13K", "amazonCat"), "amazon",
+        DatasetSpec("wiki10-31k", ("Wiki10-31K", "Wiki10-31k", "wiki10")),
+        DatasetSpec("amazoncat13k", ("AmazonCat-13K", "amazonCat"),
                     (("amazonCat_train.txt", "amazonCat_test.txt"), ("train.txt", "test.txt"))),
-        DatasetSpec("wiki500k", ("Wiki-500K", "Wiki-500k"), "wikipedia"),
-        DatasetSpec("amazon670k", ("Amazon-670K", "Amazon-670k"), "amazon"),
-        DatasetSpec("amazon3m", ("Amazon-3M", "Amazon-3m"), "amazon"),
-        DatasetSpec("lf-amazontitles131k", ("LF-AmazonTitles-131K",), "amazon"),
+        DatasetSpec("wiki500k", ("Wiki-500K", "Wiki-500k")),
+        DatasetSpec("amazon670k", ("Amazon-670K", "Amazon-670k")),
+        DatasetSpec("amazon3m", ("Amazon-3M", "Amazon-3m")),
+        DatasetSpec("lf-amazontitles131k", ("LF-AmazonTitles-131K",)),
     ]
 }
-
-PROPENSITY_AB = {"wikipedia": (0.5, 0.4), "amazon": (0.6, 2.6), "other": (0.55, 1.5)}
 
 SPLITS = ("train", "test")
 
@@ -75,15 +72,6 @@ class DatasetFiles:
         out = [*self.texts.values(), *self.labels.values(), *self.ids.values(), *self.bow.values()]
         out += [p for p in (self.label_ids, self.label_texts, self.label_map) if p is not None]
         return out
-
-
-def family(name: str) -> str:
-    spec = CANONICAL.get(name)
-    return spec.family if spec else "other"
-
-
-def propensity_ab(name: str) -> tuple[float, float]:
-    return PROPENSITY_AB[family(name)]
 
 
 def candidate_folders(name: str, data_dir: str | Path) -> list[Path]:
