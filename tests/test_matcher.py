@@ -91,6 +91,26 @@ def test_matcher_cli_end_to_end(tiny, tmp_path):
     np.testing.assert_allclose(emb, io.load_arrays(out / "emb_test.npz")["emb"], atol=1e-5)
 
 
+def test_guard_failure_keeps_the_validation_curve_for_the_rerun(tiny, tmp_path):
+    """A matcher stopped by the guard keeps its checkpoints and its validation curve; the
+    allow_weak rerun (no training again) writes that curve into guard.json."""
+    d = _write_toy(tmp_path, tiny)
+    out = tmp_path / "out"
+    params = {"encoder": tiny, "max_length": 16, "steps": 4, "batch_size": 8, "lr": 1e-12, "lr_head": 1e-12,
+              "head_init": "random", "head_refit": False, "warmup_steps": 1, "topb": 1, "checkpoint_every": 2,
+              "eval_every": 2, "device": "cpu", "seed": 0, "threads": 1, "allow_weak": False}
+    # a baseline that cannot be beaten: the true clusters of every validation document
+    M_valid = (io.load_csr(d / "Y_valid.npz") @ io.load_csr(d / "C.npz")).tocsr()
+    M_valid.data[:] = 1.0
+    io.save_csr(d / "perfect.npz", M_valid)
+    args = _args(d, out, params) + ["--baseline-clusters", str(d / "perfect.npz")]
+    assert cli_main(matcher.main, args) != 0
+    assert sorted(io.read_json(out / "checkpoints" / "curve.json")) == ["0", "2", "4"]
+    matcher.main(_args(d, out, {**params, "allow_weak": True}) + ["--baseline-clusters", str(d / "perfect.npz")])
+    guard = io.read_json(out / "guard.json")
+    assert sorted(guard["curve"], key=int) == ["0", "2", "4"] and guard["allow_weak"] is True
+
+
 @pytest.mark.parametrize("case, message", [
     ("k1", "K >= 2"),
     ("k_gt_l", "more clusters"),

@@ -689,15 +689,24 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
+        # the validation curve survives a kill: kept beside the checkpoints, and a point at or
+        # after the step a run starts from (a fresh start evaluates step 0) replaces the older run's
+        ckpt_dir = out / "checkpoints"
+        curve_path = ckpt_dir / "curve.json"
         curve: dict[int, dict[str, float]] = {}
+        if curve_path.exists():
+            curve = {int(k): v for k, v in io.read_json(curve_path).items()}
         log_step = st.step_logger({"loss": "train_loss"})
 
         def on_step(step: int, logs: dict[str, float]) -> None:
             log_step(step, logs)
             if "valid_cluster_recall_at_b" in logs:
+                for old in [s for s in curve if s >= step]:
+                    del curve[old]
                 curve[step] = {k: logs[k] for k in ("valid_cluster_recall_at_b", "valid_cluster_p_at_1") if k in logs}
+                ckpt_dir.mkdir(parents=True, exist_ok=True)
+                io.write_json(curve_path, {str(k): v for k, v in sorted(curve.items())})
 
-        ckpt_dir = out / "checkpoints"
         with st.timed("train"):
             try:
                 model, trainer = train_matcher(tokens["train"], M_train, params, ckpt_dir, st.log, on_step,
