@@ -32,3 +32,15 @@ def write_raw_dataset(folder: Path, train, test, label_ids=None, label_texts=Non
     if label_texts is not None:
         (folder / "label_texts.txt").write_text("".join(x + "\n" for x in label_texts))
     return folder
+
+
+@pytest.fixture(scope="session")
+def toy_linear_run(tmp_path_factory):
+    """The toy dataset's xr-linear and parabel targets, run once through the DAG (MLflow on)
+    and shared by the tests that read such a run (end to end, `snakemake --report`)."""
+    from test_workflow import _run, _toy
+
+    tmp = tmp_path_factory.mktemp("toy-linear")
+    _toy(tmp)
+    _run(tmp, "results/toy/xr-linear.json", "results/toy/parabel.json")
+    return tmp

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from test_workflow import _run, _toy
+from test_workflow import _run
 
 pytestmark = pytest.mark.slow      # a whole pipeline run (see pyproject's markers)
 
@@ -28,11 +28,8 @@ def _decode(data_uri: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("report")
-    _toy(tmp)
-    _run(tmp, TARGET)
-    return tmp
+def toy_run(toy_linear_run):
+    return toy_linear_run
 
 
 @pytest.mark.timeout(600)

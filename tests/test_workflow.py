@@ -48,9 +48,8 @@ def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_linear_targets_end_to_end(tmp_path):
-    _toy(tmp_path)
-    _run(tmp_path, "results/toy/xr-linear.json", "results/toy/parabel.json")
+def test_linear_targets_end_to_end(toy_linear_run):
+    tmp_path = toy_linear_run
     for method in ("xr-linear", "parabel"):
         res = json.loads((tmp_path / "results" / "toy" / f"{method}.json").read_text())
         assert res["method"] == method and res["dataset"] == "toy"
