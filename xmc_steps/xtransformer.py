@@ -361,8 +361,13 @@ def _select_cli(args) -> None:
             M_hat = candidate_clusters(G["train"], Lin["train"], cand, p.topb)
             key = hashlib.sha1(M_hat.indptr.tobytes() + M_hat.indices.tobytes()).digest()
             if key not in trained:
+                every = max(1, C.shape[1] // 10)
+                st.log.info("candidates %s: training %d cluster rankers on %d instances (%.1f clusters each)",
+                            cand, C.shape[1], M_hat.shape[0], M_hat.nnz / max(M_hat.shape[0], 1))
+                prog = lambda d, n, c=cand: st.log.info("%s: rankers %d/%d clusters", c, d, n) \
+                    if d % every == 0 or d == n else None  # noqa: E731
                 t0 = time.perf_counter()
-                trained[key] = (train(Xr["train"], Y["train"], C, M_hat, p), time.perf_counter() - t0)
+                trained[key] = (train(Xr["train"], Y["train"], C, M_hat, p, progress=prog), time.perf_counter() - t0)
             W, train_s = trained[key]
             st.timings[f"train_{cand}"] = train_s
             cv = candidate_clusters(G["valid"], Lin["valid"], cand, p.topb)
