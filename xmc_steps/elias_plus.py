@@ -177,10 +177,8 @@ def _train_cli(args) -> None:
         Xr, cand = _inputs(args, st, p, L)
         st.log.info("sparse ranker: %d labels, %d instances x %d features, %d candidates (%.1f per row)",
                     L, Xr.shape[0], Xr.shape[1], cand.nnz, cand.nnz / max(1, cand.shape[0]))
-        every = max(1, L // 10)
         with st.timed("train"):
-            W = train(Xr, Y, cand, p, progress=lambda d, n: st.log.info("rankers: %d/%d labels", d, n)
-                      if d % every == 0 or d == n else None)
+            W = train(Xr, Y, cand, p, progress=st.progress("rankers (labels)", L))
         tmp = out.parent / f".{out.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

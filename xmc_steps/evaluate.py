@@ -128,7 +128,7 @@ def path_size(path: str | os.PathLike) -> int:
 def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, Any]:
     """Per-stage table, train/total wall time, peak memory, model size, prediction latency."""
     stages, model_paths = [], []
-    latency, parts = None, {}
+    parts, predicted = {}, False
     for r in records:
         extra = r.get("extra") or {}
         stages.append({
@@ -147,7 +147,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
                 model_paths.append(str(mp))
         lat = (r.get("metrics") or {}).get("predict_latency_ms_per_doc")
         if lat is not None and record_phase(r) == "predict":
-            latency = (latency or 0.0) + float(lat)
+            predicted = True
             parts[stages[-1]["record"] or stages[-1]["rule"]] = float(lat)
         online = (r.get("metrics") or {}).get("online_ms_per_doc")
         if online is not None and record_phase(r) != "predict":
@@ -166,7 +166,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
         "peak_rss_mb": max((s["peak_rss_mb"] for s in stages), default=0.0),
         "model_size_bytes": int(size),
         "model_paths": model_paths,
-        "predict_latency_ms_per_doc": None if latency is None else round(sum(parts.values()), 6),
+        "predict_latency_ms_per_doc": round(sum(parts.values()), 6) if predicted else None,
         "predict_latency_parts_ms_per_doc": parts,
     }
 

@@ -124,6 +124,16 @@ class StageContext:
 
         return on_step
 
+    def progress(self, what: str, total: int, parts: int = 10) -> Callable[[int, int], None]:
+        """A ``progress(done, n)`` callback that logs ``"<what>: done/n"`` about ``parts`` times."""
+        every = max(1, int(total) // parts)
+
+        def report(done: int, n: int) -> None:
+            if done % every == 0 or done == n:
+                self.log.info("%s: %d/%d", what, done, n)
+
+        return report
+
     def online_cost(self, seconds: float, n_docs: int) -> None:
         """Record the part of this stage's work that predicting for new text repeats (the test
         split's tokenisation, TF-IDF transform, encoder pass, linear-tree beam ...), as

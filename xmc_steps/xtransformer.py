@@ -42,11 +42,11 @@ one-vs-all rankers ``h(x, l) = w_l^T phi(x)`` and combines both:
   at ``1e-30`` so that no candidate underflows to a dropped zero.  The paper leaves sigma
   open ("a non-linear activation function to combine the final scores").
 
-Both defaults were chosen on the validation split: ``python -m xmc_steps.xtransformer
+Both defaults are to be chosen on the validation split: ``python -m xmc_steps.xtransformer
 select`` (the ``xtransformer-selection`` target) fits the rankers on train and writes the
 table of every candidate set x combiner on valid to
-``results/<dataset>/xtransformer-selection.{md,csv,json}``.  See the README for the
-tables of debtags, reuters21578/modapte-all5 and yso-finna-sv-50k the defaults come from.
+``results/<dataset>/xtransformer-selection.{md,csv,json}``, so the choice can be
+regenerated on any dataset.
 
 CLI::
 
@@ -283,10 +283,8 @@ def _train_cli(args) -> None:
         st.log.info("training %d rankers on %d instances x %d features (%s, %s negatives, MAN from the %s "
                     "candidates: %.1f clusters per instance)", Y.shape[1], Xr.shape[0], Xr.shape[1], p.ranker_input,
                     p.negatives, p.candidates, M_hat.nnz / max(M_hat.shape[0], 1))
-        every = max(1, C.shape[1] // 10)
-        prog = lambda d, n: st.log.info("rankers: %d/%d clusters", d, n) if d % every == 0 or d == n else None  # noqa: E731
         with st.timed("train"):
-            W = train(Xr, Y, C, M_hat, p, progress=prog)
+            W = train(Xr, Y, C, M_hat, p, progress=st.progress("rankers (clusters)", C.shape[1]))
         tmp = out.parent / f".{out.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -361,13 +359,11 @@ def _select_cli(args) -> None:
             M_hat = candidate_clusters(G["train"], Lin["train"], cand, p.topb)
             key = hashlib.sha1(M_hat.indptr.tobytes() + M_hat.indices.tobytes()).digest()
             if key not in trained:
-                every = max(1, C.shape[1] // 10)
                 st.log.info("candidates %s: training %d cluster rankers on %d instances (%.1f clusters each)",
                             cand, C.shape[1], M_hat.shape[0], M_hat.nnz / max(M_hat.shape[0], 1))
-                prog = lambda d, n, c=cand: st.log.info("%s: rankers %d/%d clusters", c, d, n) \
-                    if d % every == 0 or d == n else None  # noqa: E731
                 t0 = time.perf_counter()
-                trained[key] = (train(Xr["train"], Y["train"], C, M_hat, p, progress=prog), time.perf_counter() - t0)
+                W = train(Xr["train"], Y["train"], C, M_hat, p, progress=st.progress(f"{cand}: rankers (clusters)", C.shape[1]))
+                trained[key] = (W, time.perf_counter() - t0)
             W, train_s = trained[key]
             st.timings[f"train_{cand}"] = train_s
             cv = candidate_clusters(G["valid"], Lin["valid"], cand, p.topb)
