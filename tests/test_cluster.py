@@ -89,6 +89,13 @@ def test_from_assignments_rejects_non_nested():
         ClusterTree.from_assignments([np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])])
 
 
+def test_from_parents_rejects_a_parent_id_beyond_the_level():
+    # 256 leaves hung directly under a 16-node level: ids 16..255 name no node (scipy would
+    # build the matrix and a later product would write out of bounds)
+    with pytest.raises(ValueError, match="parent ids must lie in 0..15"):
+        ClusterTree.from_parents([np.zeros(16, dtype=np.int64), np.arange(256)])
+
+
 def test_cli(tmp_path):
     rng = np.random.default_rng(0)
     X = sp.random(60, 30, density=0.2, format="csr", random_state=rng, dtype=np.float32)

@@ -59,6 +59,11 @@ FORMAT = "xmc-cluster-tree-v1"
 
 def _parent_matrix(parent: np.ndarray, n_parent: int) -> sp.csr_matrix:
     n = len(parent)
+    parent = np.asarray(parent)
+    if n and (parent.min() < 0 or parent.max() >= n_parent):
+        # scipy does not check column ids on construction, and a product with an
+        # out-of-range id writes past its buffers: refuse it here
+        raise ValueError(f"parent ids must lie in 0..{n_parent - 1}, got {int(parent.min())}..{int(parent.max())}")
     return sp.csr_matrix(
         (np.ones(n, dtype=np.float32), np.asarray(parent, dtype=np.int32), np.arange(n + 1, dtype=np.int64)),
         shape=(n, n_parent),
