@@ -191,6 +191,68 @@ def test_cluster_recall_frequency_baseline_and_guard():
     assert "xtransformer.matcher.allow_weak" in msg and "xtransformer.matcher.epochs" in msg and "0.2500" in msg
 
 
+def test_head_linear_scores_are_the_mean_of_the_transformed_head_and_the_beam():
+    from xmc_steps.xr_linear import transform
+
+    emb = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    W = np.array([[2.0, 0.0], [1.0, 0.5], [0.0, 0.0], [-1.0, 3.0]], np.float32)   # g = emb @ W.T
+    g = emb @ W.T
+    # the beam reached cluster 2 (head rank 3 of 4) in row 0 and clusters 0 and 1 in row 1
+    lin = sp.csr_matrix(np.array([[0, 0, 0.9, 0], [0.6, 0.1, 0, 0]], np.float32))
+    top = matcher.head_linear_topb(emb, W, lin, b=2)
+    T = transform(g, "l3-hinge")
+    want = 0.5 * T + 0.5 * lin.toarray()
+    assert (np.diff(top.indptr) == 2).all()
+    for i in range(2):
+        best = np.argsort(-want[i], kind="stable")[:2]
+        row = top[i].toarray().ravel()
+        assert set(np.flatnonzero(row)) == set(best)
+        np.testing.assert_allclose(row[best], want[i, best], rtol=1e-6)
+    # row 0: the linear tree lifts cluster 2 past the head's second choice
+    assert 2 in top[0].indices
+    with pytest.raises(Exception, match="shape"):
+        matcher.head_linear_topb(emb, W, lin[:1], b=2)
+
+
+def test_guard_with_head_linear_needs_a_head_that_learned():
+    base = {"most_frequent": 0.30, "linear_tree": 0.40}
+    ok = matcher.GuardReport(10, 256, 0.45, base, "head+linear", head=0.35)
+    assert ok.passed and ok.to_dict()["scorer"] == "head+linear" and ok.to_dict()["head_recall_at_b"] == 0.35
+    # the linear tree's half carries a head no better than the most frequent clusters: stop
+    lazy = matcher.GuardReport(10, 256, 0.45, base, "head+linear", head=0.30)
+    assert not lazy.passed and "head alone" in lazy.message() and "0.3000" in lazy.message()
+    assert not matcher.GuardReport(10, 256, 0.40, base, "head+linear", head=0.35).passed
+    assert matcher.GuardReport(10, 256, 0.41, base).passed
+
+
+def test_matcher_cli_scorer_head_linear(tiny, tmp_path, capsys):
+    """scorer auto/head+linear: the stage reads the linear tree's clusters of every split, writes the
+    kept scorer's top-b and both valid recalls; head+linear without them is an error."""
+    d = _write_toy(tmp_path, tiny)
+    C = io.load_csr(d / "C.npz")
+    for s in ("train", "valid", "test"):   # a linear tree that ranks each document's first cluster first
+        M = (io.load_csr(d / f"Y_{s}.npz") @ C).tocsr()
+        M.data[:] = 0.5
+        io.save_csr(d / f"lin_{s}.npz", M)
+    lin = ["--linear-clusters"] + [str(d / f"lin_{s}.npz") for s in ("train", "valid", "test")]
+    params = {"encoder": tiny, "max_length": 16, "steps": 2, "batch_size": 8, "warmup_steps": 1, "topb": 2,
+              "device": "cpu", "seed": 0, "threads": 1, "allow_weak": True, "scorer": "head+linear"}
+    out = tmp_path / "out"
+    assert cli_main(matcher.main, _args(d, out, params) + ["--baseline-clusters", str(d / "lin_valid.npz")]) == 2
+    assert "every split" in capsys.readouterr().err
+    matcher.main(_args(d, out, params) + lin)
+    guard = io.read_json(out / "guard.json")
+    assert guard["scorer"] == "head+linear" and set(guard["head"]["scorers"]) == {"head", "head+linear"}
+    assert guard["matcher_recall_at_b"] == guard["head"]["scorers"]["head+linear"]
+    top = io.load_csr(out / "clusters_test.npz")
+    assert (np.diff(top.indptr) == 2).all() and 0 < top.data.min() and top.data.max() <= 1.0
+    out2 = tmp_path / "out2"
+    matcher.main(_args(d, out2, {**params, "scorer": "auto"}) + lin)
+    g2 = io.read_json(out2 / "guard.json")
+    s = g2["head"]["scorers"]
+    assert g2["scorer"] == ("head+linear" if s["head+linear"] > s["head"] else "head")
+
+
 def test_linear_head_solves_the_least_squares_of_eq3():
     rng = np.random.default_rng(0)
     E = rng.normal(size=(200, 6)).astype(np.float32)

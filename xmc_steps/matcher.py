@@ -45,6 +45,23 @@ changes, in order of effect, then two more:
   recall@10 0.268 against 0.248 for the trained one.
 * ``length_bucket``: batches of similar lengths (about twice the CPU throughput on short
   titles, where a random batch is padded to its longest member).
+* ``scorer`` (an addition; ``head`` is the paper): which cluster scores the stage writes for
+  the rankers (their candidate clusters and MAN negatives) and the guard judges.
+  ``head+linear`` (:func:`head_linear_topb`) scores a cluster by the mean of the head's
+  ``T(g)`` (l3-hinge) and the linear tree's beam score over the same clusters (the
+  XR-Linear tree fit on the train split, ``--linear-clusters``; 0 where its beam did not
+  reach the cluster).  The neural head and the TF-IDF tree miss different clusters: on
+  yso-finna-sv-50k (K = 256, the 5-epoch CPU matcher) the head alone and the tree alone
+  both reach valid recall@10 0.327, their mean 0.382 (test 0.282 / 0.261 -> 0.317); the
+  least-squares head on the *pre-trained* encoder gives 0.241 alone and 0.347 with the
+  tree, so the fine-tuning is worth 3.5 points of it.  XR-Transformer, the successor,
+  likewise ranks with a linear model on TF-IDF next to the fine-tuned embedding; a tree
+  over ``TF-IDF ⊕ phi`` at the matcher's level (its reading) reached 0.356 there, below the
+  mean, at the cost of a second linear fit.  ``auto`` (config.yaml) keeps ``head+linear``
+  when its valid recall@b is higher than the head's, else the head; both figures go to
+  ``guard.json`` (``head.scorers``).  With ``head+linear`` the guard also requires the head
+  *alone* to beat the most frequent clusters, so the linear half cannot carry a head that
+  learned nothing.
 
 ``pooling``, the loss and the bias-free head stay the paper's.  The runs of
 ``bench/bench_matcher_scale.py`` on one H200 (valid recall@b, b = 10, or K/2 at K < 20;
@@ -66,35 +83,42 @@ yso-finna-sv-full      256                        0.481           0.489 / 0.119
 =====================  =====  ======  ==========  ==============  ======================
 
 The guard (:func:`check_matcher`): after training, the valid cluster recall@b of the
-matcher (``b`` = :func:`guard_width`) is compared with two trivial matchers, the most
+matcher (its kept scorer; ``b`` = :func:`guard_width`) is compared with two trivial matchers, the most
 frequent clusters (:func:`frequency_topb`) and the linear tree's beam over the same
 clusters (XR-Linear fit on the train split, ``--baseline-clusters``).  A matcher that
 is not better than the better of them fails the stage with the numbers and the
 settings to change, unless ``allow_weak``; the trained weights stay in the checkpoint
 folder, so the rerun with ``allow_weak: true`` (or more epochs) does not start over.
-The English MiniLM on Swedish library titles lands next to the linear tree (above it
-at K = 8,192, below at K = 2,048): there the guard is a coin that more epochs tip.
+The English MiniLM's head alone on Swedish library titles lands next to the linear tree
+(above it at K = 8,192, below at K = 2,048, level at K = 256): for the ``head`` scorer the
+guard is a coin there, which is why config.yaml lets ``auto`` pick ``head+linear`` when it is
+better (0.382 against the tree's 0.327 at K = 256).
 
-Scores written by the stage (``clusters_{split}.npz``) are the raw ``g(x, k)`` of the
-top-``b`` clusters per row (not probabilities; a transform such as the l3-hinge of
-XR-Linear is the consumer's choice).  ``emb_{split}.npz`` holds ``phi(x)`` (fp32) for the
+Scores written by the stage (``clusters_{split}.npz``) are, with the ``head`` scorer, the
+raw ``g(x, k)`` of the top-``b`` clusters per row (not probabilities; a transform such as
+the l3-hinge of XR-Linear is the consumer's choice); with ``head+linear``, the fused scores
+in (0, 1].  The rankers read only which clusters they are; Eq. 2's ``g`` is always the
+head's (``xtransformer.matcher_scores``).  ``emb_{split}.npz`` holds ``phi(x)`` (fp32) for the
 ranker's ``phi_tfidf ⊕ phi_neural`` features.
 
 CLI::
 
     python -m xmc_steps.matcher --tokens-dir DIR --labels-train Y_train.npz \\
-        --labels-valid Y_valid.npz --cluster-assign C.npz [--baseline-clusters lin_valid.npz] \\
+        --labels-valid Y_valid.npz --cluster-assign C.npz \\
+        [--linear-clusters lin_train.npz lin_valid.npz lin_test.npz | --baseline-clusters lin_valid.npz] \\
         --out DIR --params JSON [common args]
 
 ``--cluster-assign`` is a CSR ``L x K`` 0/1 matrix, or a cluster tree file of
 :mod:`xmc_steps.cluster` (``ClusterTree.save``), whose finest cluster level is used.
-``--baseline-clusters`` is the linear tree's top clusters of the valid documents
-(``python -m xmc_steps.xr_linear clusters``); without it the guard has the frequency
+``--linear-clusters`` are the linear tree's top clusters of the train, valid and test
+documents (``python -m xmc_steps.xr_linear clusters``): the guard's baseline and the linear
+half of ``head+linear``; ``--baseline-clusters`` gives the valid ones only (the guard's
+baseline; ``auto`` then keeps the head).  Without either the guard has the frequency
 baseline only.
 
 ``--params`` keys (:class:`MatcherParams`): encoder, pooling, last_k, max_length,
 epochs, steps, batch_size, grad_accum, lr (encoder), lr_head (head; default = lr),
-warmup, warmup_steps, weight_decay, max_grad_norm, length_bucket, head_init, head_init_l2, topb,
+warmup, warmup_steps, weight_decay, max_grad_norm, length_bucket, head_init, head_init_l2, head_refit, scorer, topb,
 allow_weak, checkpoint_every, eval_every, eval_max_docs, eval_batch_size, log_every,
 amp, device, allow_cpu_fallback, seed, threads.
 
@@ -143,6 +167,7 @@ SPLITS = ("train", "valid", "test")
 
 
 HEAD_INITS = ("random", "linear")
+SCORERS = ("head", "head+linear", "auto")
 
 
 @dataclass
@@ -165,6 +190,8 @@ class MatcherParams(Params):
     head_init: str = "random"       # random: N(0, 0.02) (the paper); linear: least-squares fit of Eq. 3 on the pre-trained encoder
     head_init_l2: float = 0.001     # ridge of the least-squares heads, relative to the mean eigenvalue of Phi^T Phi
     head_refit: bool = True         # after training, re-fit the head by least squares; kept if better on valid
+    scorer: str = "head"            # head: Eq. 3's g (the paper); head+linear: mean of T(g) and the linear
+                                    # tree's beam score; auto: the one with the higher valid recall@b
     topb: int = 10                  # clusters kept per document in clusters_*.npz
     allow_weak: bool = False        # True: a matcher no better than the trivial baselines is only a warning
     checkpoint_every: int = 500
@@ -196,6 +223,8 @@ class MatcherParams(Params):
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
         if self.head_init_l2 <= 0:
             raise ValueError(f"head_init_l2 must be > 0, got {self.head_init_l2}")
         self.train_params(1)  # validates the training fields
@@ -346,6 +375,31 @@ def refit_head(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmatrix,
     return {"trained": r_t, "refit": r_r, "kept": kept}
 
 
+def head_linear_topb(emb: np.ndarray, W: np.ndarray, linear_top: sp.spmatrix, b: int,
+                     device: torch.device | str = "cpu", kind: str = "l3-hinge") -> sp.csr_matrix:
+    """The ``head+linear`` cluster scores, top-``b`` per row (CSR ``N x K``).
+
+    Over each row's head top-``b`` together with the clusters the linear tree's beam stored for
+    it (``linear_top``: its path scores, in (0, 1]), the score is ``(T(g) + s_lin) / 2``: ``g`` the
+    head's ``w_k . phi(x)``, ``T`` the ``kind`` transform (l3-hinge: Eq. 3 is a squared hinge,
+    margin 1), ``s_lin`` the beam's score (0 where the beam did not reach the cluster), floored at
+    ``1e-30``.  No other cluster can enter the top-``b``: outside both sets the score is at most
+    ``T(g)/2`` below the head's ``b``-th, which ``b`` clusters of the head's top-``b`` reach."""
+    from .xtransformer import SCORE_FLOOR, matcher_scores, transform
+
+    lin = sp.csr_matrix(linear_top, dtype=np.float32)
+    n, K = emb.shape[0], W.shape[0]
+    if lin.shape != (n, K):
+        raise StageError(f"the linear tree's clusters have shape {lin.shape}, expected {(n, K)}")
+    head = topb_from_emb(emb, W, b, device)
+    pattern = binarize(head + binarize(lin))
+    Tg = matcher_scores(pattern, emb, W)
+    Tg.data = np.maximum(transform(Tg.data, kind), SCORE_FLOOR).astype(np.float32)
+    fused = (0.5 * Tg + 0.5 * lin.multiply(pattern)).tocsr()
+    fused.data = np.maximum(fused.data, SCORE_FLOOR).astype(np.float32)
+    return topk_per_row(fused, min(int(b), K))
+
+
 def _is_positive(M: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``M[rows[j], cols[j]] != 0`` for each j (M CSR with sorted indices)."""
     out = np.zeros(len(rows), dtype=bool)
@@ -417,6 +471,8 @@ class GuardReport:
     K: int
     matcher: float
     baselines: dict[str, float]
+    scorer: str = "head"                 # which scores ``matcher`` is the recall of (head | head+linear)
+    head: float | None = None            # the head's own recall, when the scorer is head+linear
 
     @property
     def best_baseline(self) -> tuple[str, float]:
@@ -424,18 +480,31 @@ class GuardReport:
         return name, self.baselines[name]
 
     @property
+    def head_learned(self) -> bool:
+        """With ``head+linear``, the head alone must still beat the most frequent clusters: the
+        linear tree's half of the score must not carry a head that learned nothing."""
+        return self.head is None or self.head > self.baselines["most_frequent"]
+
+    @property
     def passed(self) -> bool:
-        return self.matcher > self.best_baseline[1]
+        return self.matcher > self.best_baseline[1] and self.head_learned
 
     def to_dict(self) -> dict[str, Any]:
-        return {"b": self.b, "K": self.K, "matcher_recall_at_b": self.matcher, "baselines": dict(self.baselines),
-                "best_baseline": self.best_baseline[0], "passed": self.passed}
+        return {"b": self.b, "K": self.K, "matcher_recall_at_b": self.matcher, "scorer": self.scorer,
+                "head_recall_at_b": self.matcher if self.head is None else self.head,
+                "baselines": dict(self.baselines), "best_baseline": self.best_baseline[0], "passed": self.passed}
 
     def message(self) -> str:
         base = ", ".join(f"{k} {v:.4f}" for k, v in self.baselines.items())
         name, v = self.best_baseline
-        return (f"the matcher learned too little: valid cluster recall@{self.b} is {self.matcher:.4f}, not above "
-                f"the better trivial baseline ({name} {v:.4f}; baselines: {base}) at K = {self.K} clusters. "
+        if self.matcher > v:
+            what = (f"the matcher's head alone has valid cluster recall@{self.b} {self.head:.4f}, not above the "
+                    f"most frequent clusters ({self.baselines['most_frequent']:.4f}), although head+linear reaches "
+                    f"{self.matcher:.4f}")
+        else:
+            what = (f"valid cluster recall@{self.b} is {self.matcher:.4f} ({self.scorer}), not above the better "
+                    f"trivial baseline ({name} {v:.4f}; baselines: {base})")
+        return (f"the matcher learned too little: {what} at K = {self.K} clusters. "
                 "Train it longer or from a better start (xtransformer.matcher.epochs, lr, lr_head, "
                 "head_init: linear), give it fewer clusters (xtransformer.cluster.leaf_size), or set "
                 "xtransformer.matcher.allow_weak: true to go on with this matcher; the trained weights stay in "
@@ -457,16 +526,31 @@ def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spma
 
 def finish_matcher(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmatrix, emb_valid: np.ndarray,
                    M_valid: sp.spmatrix, params: MatcherParams, device: torch.device | str = "cpu",
-                   linear_valid: sp.spmatrix | None = None) -> tuple[GuardReport, dict[str, Any]]:
-    """After training: the head re-fit (``head_refit``, :func:`refit_head`) and the guard's
-    numbers (:func:`check_matcher`) on the valid split.  Returns ``(report, head_info)``."""
+                   linear_valid: sp.spmatrix | None = None, fuse: bool = True) -> tuple[GuardReport, dict[str, Any]]:
+    """After training: the head re-fit (``head_refit``, :func:`refit_head`), the scorer
+    (``scorer``; ``auto`` keeps ``head+linear`` when its valid recall@b is higher than the head's;
+    ``fuse=False``: the linear clusters of the other splits are missing, ``auto`` keeps the head)
+    and the guard's numbers (:func:`check_matcher`) on the valid split.  Returns
+    ``(report, head_info)``; ``report.scorer`` is the scorer to write the clusters with."""
     K = model.n_clusters
     b = guard_width(params.topb, K)
     head: dict[str, Any] = {"kept": "trained"}
     if params.head_refit:
         head = refit_head(model, emb_train, M_train, emb_valid, M_valid, b, params.head_init_l2, device)
-    top = topb_from_emb(emb_valid, model.head.weight.detach().float().cpu().numpy(), params.topb, device)
-    return check_matcher(top, M_valid, M_train, b, linear_valid), head
+    W = model.head.weight.detach().float().cpu().numpy()
+    report = check_matcher(topb_from_emb(emb_valid, W, params.topb, device), M_valid, M_train, b, linear_valid)
+    if params.scorer != "head":
+        if linear_valid is None or not fuse:
+            if params.scorer == "head+linear":
+                raise StageError("scorer head+linear needs the linear tree's clusters (--linear-clusters)")
+            head["scorers"] = {"head": report.matcher}
+            return report, head
+        fused = check_matcher(head_linear_topb(emb_valid, W, linear_valid, params.topb, device), M_valid, M_train, b,
+                              linear_valid)
+        head["scorers"] = {"head": report.matcher, "head+linear": fused.matcher}
+        if params.scorer == "head+linear" or fused.matcher > report.matcher:
+            report = GuardReport(b, K, fused.matcher, report.baselines, "head+linear", report.matcher)
+    return report, head
 
 
 # --------------------------------------------------------------------------- training
@@ -640,9 +724,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baseline-clusters", default=None,
                    help="the linear tree's top clusters of the valid documents (.npz CSR N_valid x K), "
                         "a baseline of the guard")
+    p.add_argument("--linear-clusters", nargs=3, default=None, metavar=("TRAIN", "VALID", "TEST"),
+                   help="the linear tree's top clusters of the train, valid and test documents (.npz CSR): the "
+                        "guard's baseline (valid) and the linear half of scorer head+linear; replaces "
+                        "--baseline-clusters")
     p.add_argument("--out", required=True, help="output folder")
     add_common_args(p)
     args = p.parse_args(argv)
+    if args.linear_clusters and args.baseline_clusters:
+        p.error("give --linear-clusters or --baseline-clusters, not both")
     out = Path(args.out)
     names = ["model.safetensors", "matcher.json", "guard.json", "curve.png"] + [
         f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
@@ -668,12 +758,18 @@ def main(argv: list[str] | None = None) -> None:
                     raise StageError(f"tokens_{s}.npz: {e}") from e
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
             C = load_cluster_assignment(args.cluster_assign)
-            linear_valid = None
-            if args.baseline_clusters:
+            linear: dict[str, sp.csr_matrix] = {}
+            given = dict(zip(SPLITS, args.linear_clusters)) if args.linear_clusters else (
+                {"valid": args.baseline_clusters} if args.baseline_clusters else {})
+            for s, path in given.items():
                 try:
-                    linear_valid = io.load_csr(args.baseline_clusters)
+                    linear[s] = io.load_csr(path)
                 except (OSError, ValueError, KeyError) as e:
-                    raise StageError(f"--baseline-clusters {args.baseline_clusters}: {e}") from e
+                    raise StageError(f"the linear tree's {s} clusters {path}: {e}") from e
+            linear_valid = linear.get("valid")
+            if params.scorer == "head+linear" and len(linear) < len(SPLITS):
+                raise StageError("xtransformer.matcher.scorer head+linear needs the linear tree's clusters of "
+                                 "every split (--linear-clusters TRAIN VALID TEST)")
         width = check_inputs(params, tokens, Y_train, Y_valid, C)
         if params.max_length is None:
             params.max_length = width
@@ -730,7 +826,10 @@ def main(argv: list[str] | None = None) -> None:
                 n_pred += len(tokens[s])
         with st.timed("head_and_guard"):
             report, head = finish_matcher(model, embs["train"], M_train, embs["valid"], M_valid, params,
-                                          trainer.device, linear_valid)
+                                          trainer.device, linear_valid, fuse=len(linear) == len(SPLITS))
+        if params.scorer != "head":
+            st.log.info("scorer: valid cluster recall@%d %s; writing the %s scores", report.b,
+                        ", ".join(f"{k} {v:.4f}" for k, v in head.get("scorers", {}).items()), report.scorer)
         if "refit" in head:
             st.log.info("head: valid cluster recall@%d %.4f as trained, %.4f re-fit by least squares on the "
                         "fine-tuned embeddings: keeping the %s head", report.b, head["trained"], head["refit"],
@@ -742,10 +841,14 @@ def main(argv: list[str] | None = None) -> None:
         for s in SPLITS:
             with st.timed(f"predict_{s}"):
                 t0 = time.perf_counter()
-                preds[s] = (topb_from_emb(embs[s], W, params.topb, trainer.device), embs[s])
+                top = (head_linear_topb(embs[s], W, linear[s], params.topb, trainer.device)
+                       if report.scorer == "head+linear" else topb_from_emb(embs[s], W, params.topb, trainer.device))
+                preds[s] = (top, embs[s])
                 t_pred += time.perf_counter() - t0
         st.metric("valid_cluster_p_at_1", top1_precision(preds["valid"][0], M_valid))
         st.metric("valid_cluster_recall_at_b", report.matcher)
+        for name, v in head.get("scorers", {}).items():
+            st.metric(f"valid_cluster_recall_at_b_scorer_{name.replace('+', '_')}", v)
         for name, v in report.baselines.items():
             st.metric(f"valid_cluster_recall_at_b_{name}", v)
         st.log.info("guard: valid cluster recall@%d: matcher %.4f; %s", report.b, report.matcher,

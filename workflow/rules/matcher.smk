@@ -82,13 +82,14 @@ rule xtransformer_linear_clusters:
 
 
 rule matcher:
-    """Fine-tune the encoder + a linear head over the K clusters, squared hinge (Eq. 3); fail
-    when it is no better than the trivial baselines (the guard)."""
+    """Fine-tune the encoder + a linear head over the K clusters, squared hinge (Eq. 3); score the
+    clusters with the head or head + the linear tree (scorer); fail when no better than the
+    trivial baselines (the guard)."""
     input:
         tokens=xt_tokens(SPLITS),
         Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
         tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
-        linear=RES + "/{dataset}/xtransformer/{emb}/{tree}/linear-train/clusters_valid.npz",
+        linear=expand(RES + "/{{dataset}}/xtransformer/{{emb}}/{{tree}}/linear-train/clusters_{split}.npz", split=SPLITS),
     output:
         model=XT + "/matcher/model.safetensors",
         meta=XT + "/matcher/matcher.json",
@@ -115,7 +116,7 @@ rule matcher:
         "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --baseline-clusters {input.linear} --out {params.out} "
+        "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --linear-clusters {input.linear} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule matcher --config-hash {params.hash}"
 
