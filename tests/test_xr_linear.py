@@ -72,6 +72,17 @@ def test_masked_product_matches_dense():
         np.testing.assert_allclose(masked_product(X, W, cand, **kw), full[rows, cand.indices], rtol=1e-5)
 
 
+def test_gather_reads_unsorted_products_and_missing_entries():
+    from xmc_steps.xr_linear import _gather
+
+    Z = sp.csr_matrix((np.array([5., 1., 7., 2.], np.float32), np.array([3, 0, 2, 1]), np.array([0, 2, 2, 4])),
+                      shape=(3, 4))
+    assert not Z.has_sorted_indices
+    rows, cols = np.array([0, 0, 0, 1, 2, 2, 2]), np.array([0, 3, 1, 2, 1, 2, 0])
+    np.testing.assert_array_equal(_gather(Z, rows, cols), Z.toarray()[rows, cols])
+    assert _gather(sp.csr_matrix((2, 2), dtype=np.float32), np.array([1]), np.array([0])).tolist() == [0.0]
+
+
 def test_tree_levels_and_model_shapes():
     X, Y, tree, model = _model()
     assert tree.level_sizes == [1, 2, 4, 8, 40]

@@ -163,8 +163,24 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
         if (r1 - r0) * Wsub.shape[1] <= dense_budget:
             out[a:b] = Z.toarray()[rows, local]
         else:
-            out[a:b] = np.asarray(Z[rows, local]).ravel()
+            out[a:b] = _gather(Z, rows, local)
     return out
+
+
+def _gather(Z: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``Z[rows[e], cols[e]]`` (0 where ``Z`` stores nothing) by one vectorised binary search over
+    the row-major keys of the sorted entries.  (scipy's ``Z[rows, cols]`` scans each requested
+    row linearly unless the request is a tenth of ``Z``'s entries: 41 of the 45 s of an
+    xr-linear prediction of 2,000 yso-finna-sv-50k documents.)"""
+    Z = sp.csr_matrix(Z)
+    Z.sum_duplicates()          # sorted column ids, no duplicates
+    ncol = np.int64(Z.shape[1])
+    keys = np.repeat(np.arange(Z.shape[0], dtype=np.int64), np.diff(Z.indptr)) * ncol + Z.indices
+    q = np.asarray(rows, dtype=np.int64) * ncol + np.asarray(cols, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
+    if not len(keys):
+        return np.zeros(len(q), dtype=np.float32)
+    return np.where(keys[pos] == q, Z.data[pos], 0).astype(np.float32)
 
 
 def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hinge") -> Callable:
