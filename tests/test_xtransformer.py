@@ -32,6 +32,22 @@ def test_ranker_features_blocks_are_normalised():
     assert ranker_features(X, None, "tfidf").shape == (1, 3)
 
 
+def test_predict_in_row_blocks_equals_one_block():
+    from xmc_steps.xtransformer import XTransformerRankerParams, predict
+
+    rng = np.random.default_rng(3)
+    N, d, L, K = 40, 12, 18, 6
+    X = sp.random(N, d, density=0.4, format="csr", random_state=rng, dtype=np.float32)
+    W = sp.random(d + 1, L, density=0.5, format="csc", random_state=rng, dtype=np.float32)
+    C = sp.csr_matrix((np.ones(L, np.float32), np.arange(L) % K, np.arange(L + 1)), shape=(L, K))
+    G = sp.csr_matrix(rng.normal(size=(N, K)).astype(np.float32) * (rng.random((N, K)) < 0.5))
+    for combiner in ("ranker", "product", "mean"):
+        p = XTransformerRankerParams(combiner=combiner, topk=5)
+        one = predict(X, W, C, G, p)
+        blocks = predict(X, W, C, G, p, batch_entries=7)
+        assert one.shape == (N, L) and (one != blocks).nnz == 0
+
+
 def test_predict_only_inside_matcher_clusters_and_learns():
     X, Y, C = _toy()
     # a perfect "matcher": the clusters of the true labels score 2, one other cluster -1

@@ -193,15 +193,35 @@ def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix, M_hat: sp.csr_m
 
 
 def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, G: sp.csr_matrix,
-            params: XTransformerRankerParams) -> sp.csr_matrix:
+            params: XTransformerRankerParams, batch_entries: int = 1 << 22) -> sp.csr_matrix:
     """Eq. 2 over the candidate clusters: ``G`` holds the matcher's raw scores ``g(x, k)`` at
     every candidate cluster (:func:`candidate_clusters`, :func:`matcher_scores`); labels of
-    other clusters get no score.  Top-``topk`` per row."""
-    g = sp.csr_matrix(G, dtype=np.float32).copy()
-    g.data = np.maximum(transform(g.data, params.transform), SCORE_FLOOR)
-    cand = expand_children(g, sp.csr_matrix(C))          # N x L, data = T(g(x, c_l))
+    other clusters get no score.  Top-``topk`` per row.
+
+    Rows go in blocks of about ``batch_entries`` candidate labels, so the candidate matrix of
+    the whole split (at Wiki-500K about 10^9 entries) never exists at once."""
+    G = sp.csr_matrix(G, dtype=np.float32)
+    C = sp.csr_matrix(C)
+    Wc = sp.csc_matrix(W)
     Xa = append_bias(Xr, params.bias)
-    h = np.maximum(transform(masked_product(Xa, sp.csc_matrix(W), cand), params.transform), SCORE_FLOOR)
+    n = G.shape[0]
+    # labels per candidate row: the sizes of its candidate clusters
+    per_row = np.asarray(G.astype(bool).astype(np.float32) @ np.diff(C.tocsc().indptr).astype(np.float32)).ravel()
+    cum = np.concatenate([[0.0], np.cumsum(per_row)])
+    cuts = np.searchsorted(cum, np.arange(batch_entries, cum[-1], batch_entries))
+    bounds = np.unique(np.concatenate([[0], cuts, [n]]).astype(np.int64))
+    parts = [_predict_block(Xa[r0:r1], Wc, C, G[r0:r1], params) for r0, r1 in zip(bounds[:-1], bounds[1:])]
+    if not parts:
+        return sp.csr_matrix((n, C.shape[0]), dtype=np.float32)
+    return sp.vstack(parts, format="csr")
+
+
+def _predict_block(Xa: sp.csr_matrix, Wc: sp.csc_matrix, C: sp.csr_matrix, G: sp.csr_matrix,
+                   params: XTransformerRankerParams) -> sp.csr_matrix:
+    g = G.copy()
+    g.data = np.maximum(transform(g.data, params.transform), SCORE_FLOOR)
+    cand = expand_children(g, C)                          # rows x L, data = T(g(x, c_l))
+    h = np.maximum(transform(masked_product(Xa, Wc, cand), params.transform), SCORE_FLOOR)
     out = cand.copy()
     if params.combiner == "product":
         out.data = np.maximum(cand.data * h, SCORE_FLOOR).astype(np.float32)
