@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_steps import io
-from xmc_steps.cluster import hierarchical_kmeans
+from xmc_steps.cluster import ClusterTree, hierarchical_kmeans
 from xmc_steps.label_embedding import pifa
 from xmc_steps.ranker import append_bias
 from xmc_steps.xr_linear import (XRLinearModel, XRLinearParams, beam_search, main as xr_main, masked_product,
@@ -81,6 +81,26 @@ def test_gather_reads_unsorted_products_and_missing_entries():
     rows, cols = np.array([0, 0, 0, 1, 2, 2, 2]), np.array([0, 3, 1, 2, 1, 2, 0])
     np.testing.assert_array_equal(_gather(Z, rows, cols), Z.toarray()[rows, cols])
     assert _gather(sp.csr_matrix((2, 2), dtype=np.float32), np.array([1]), np.array([0])).tolist() == [0.0]
+
+
+def test_deep_tree_scores_do_not_underflow():
+    """40 levels, each multiplying a path by about 1e-3: float32 products reach 0 after ~13
+    levels, and scipy would drop every candidate; the rescaled beam keeps them, in order."""
+    depth = 40
+    parents = [np.zeros(2, np.int64)] + [np.arange(2)] * (depth - 2) + [np.array([0, 0, 1, 1])]
+    tree = ClusterTree.from_parents(parents)
+    d = 3
+    W = []
+    for t, n in enumerate(tree.level_sizes[1:]):
+        w = np.zeros((d + 1, n), np.float32)
+        w[d] = -0.9 if t < depth - 1 else np.array([-0.95, -0.9, -0.85, -0.8])[:n]   # bias feature only
+        W.append(sp.csr_matrix(w))
+    model = XRLinearModel(tree, W)
+    X = sp.csr_matrix(np.ones((3, d), np.float32))
+    P = model.predict(X, beam=2, topk=4)
+    assert (np.diff(P.indptr) == 4).all() and (P.data > 0).all()
+    # same path prefix for labels 0, 1 and for 2, 3: the order is the last level's, 3 > 2 > 1 > 0
+    assert (np.argsort(-P.toarray(), axis=1)[:, :4] == [3, 2, 1, 0]).all()
 
 
 def test_tree_levels_and_model_shapes():

@@ -190,10 +190,37 @@ def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hing
     def score(t: int, cand: sp.csr_matrix) -> sp.csr_matrix:
         z = masked_product(Xa, Wcs[t], cand)
         out = cand.copy()
-        out.data = (cand.data * transform(z, kind)).astype(np.float32)
+        # floored so that a path score never becomes 0 (scipy drops zeros: the candidate would
+        # vanish); beam_search rescales rows before their best path gets near the floor
+        out.data = np.maximum(cand.data * np.maximum(transform(z, kind), LEVEL_FLOOR), PATH_FLOOR).astype(np.float32)
         return out
 
     return score
+
+
+#: the smallest factor one level's transform contributes to a path score, and the smallest path score
+#: (float32's smallest normal number); rows whose best path falls below ``RESCALE_BELOW`` are divided
+#: by that best score, which leaves every ranking within the row unchanged
+LEVEL_FLOOR = np.float32(1e-30)
+PATH_FLOOR = np.finfo(np.float32).tiny
+RESCALE_BELOW = np.float32(1e-15)
+
+
+def rescale_small_rows(M: sp.csr_matrix) -> sp.csr_matrix:
+    """Divide each row whose largest entry is below ``RESCALE_BELOW`` by that entry (in place):
+    products of per-level probabilities down a deep tree would otherwise underflow float32."""
+    if M.nnz == 0:
+        return M
+    lens = np.diff(M.indptr)
+    nz = lens > 0
+    mx = np.zeros(M.shape[0], dtype=np.float32)
+    mx[nz] = np.maximum.reduceat(M.data, M.indptr[:-1][nz])
+    small = nz & (mx < RESCALE_BELOW)
+    if small.any():
+        f = np.ones(M.shape[0], dtype=np.float32)
+        f[small] = 1.0 / mx[small]
+        M.data = np.maximum(M.data * np.repeat(f, lens), PATH_FLOOR).astype(np.float32)
+    return M
 
 
 def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matrix], sp.csr_matrix],
@@ -205,7 +232,9 @@ def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matri
     beam, data = parent score) and returns the same pattern with the nodes' scores.
     ``levels`` stops after that many levels (default: all, down to the labels) and
     ``start`` resumes from a beam at level ``T0`` (then ``C`` should begin at ``T0``).
-    The last level keeps ``topk`` per row, the others ``beam``.
+    The last level keeps ``topk`` per row, the others ``beam``.  A row whose best kept score
+    falls below ``RESCALE_BELOW`` is divided by it after each level (:func:`rescale_small_rows`),
+    so a deep tree cannot underflow a document's scores to zeros that scipy would drop.
     """
     T = len(C) if levels is None else levels
     cur = start if start is not None else sp.csr_matrix(
@@ -213,7 +242,7 @@ def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matri
     for t in range(T):
         cand = expand_children(cur, C[t])
         scored = score_level(t, cand)
-        cur = topk_per_row(scored, topk if t == len(C) - 1 else beam)
+        cur = rescale_small_rows(topk_per_row(scored, topk if t == len(C) - 1 else beam))
     return cur
 
 
