@@ -120,38 +120,55 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None):
     return pq.read_table(path, columns=columns)
 
 
-def topk_to_csr(labels: list | np.ndarray, scores: list | np.ndarray, n_labels: int) -> sp.csr_matrix:
-    """Convert per-document top-k lists (label indices, scores) to a CSR score matrix."""
-    lens = np.fromiter((len(r) for r in labels), dtype=np.int64, count=len(labels))
-    indptr = np.zeros(len(labels) + 1, dtype=np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    ind = np.concatenate([np.asarray(r, dtype=np.int32) for r in labels]) if len(labels) else np.zeros(0, np.int32)
-    val = np.concatenate([np.asarray(r, dtype=np.float32) for r in scores]) if len(scores) else np.zeros(0, np.float32)
-    m = sp.csr_matrix((val, ind, indptr), shape=(len(labels), n_labels))
-    m.sort_indices()
-    return m
-
-
 def csr_to_topk(scores: sp.csr_matrix, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per row, the top-``k`` (label index, score) pairs, best first; ties -> lower index."""
+    offsets, idx, val = _topk_flat(scores, k)
+    return ([idx[a:b] for a, b in zip(offsets[:-1], offsets[1:])],
+            [val[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+
+
+def _topk_flat(scores: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(offsets, label ids, scores)``: every row's top-``k``, best first (ties -> lower index),
+    row after row, without a Python loop over the rows."""
     scores = sp.csr_matrix(scores)
-    out_l, out_s = [], []
-    for i in range(scores.shape[0]):
-        a, b = scores.indptr[i], scores.indptr[i + 1]
-        idx, val = scores.indices[a:b], scores.data[a:b]
-        order = np.lexsort((idx, -val))[:k]
-        out_l.append(idx[order].astype(np.int32))
-        out_s.append(val[order].astype(np.float32))
-    return out_l, out_s
+    n = scores.shape[0]
+    lens = np.diff(scores.indptr)
+    rows = np.repeat(np.arange(n, dtype=np.int64), lens)
+    order = np.lexsort((scores.indices, -scores.data, rows))
+    rank = np.arange(scores.nnz, dtype=np.int64) - scores.indptr[:-1].astype(np.int64)[rows]
+    keep = order[rank < k]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.minimum(lens, max(int(k), 0)), out=offsets[1:])
+    return offsets, scores.indices[keep].astype(np.int32), scores.data[keep].astype(np.float32)
 
 
 def write_predictions(path: str | os.PathLike, scores: sp.csr_matrix, k: int) -> None:
-    """Write a prediction table: ``doc`` (row index), ``labels`` and ``scores`` lists (best first)."""
-    labels, vals = csr_to_topk(scores, k)
-    write_table(path, {"doc": np.arange(len(labels), dtype=np.int64), "labels": labels, "scores": vals})
+    """Write a prediction table: ``doc`` (row index), ``labels`` and ``scores`` lists (best first);
+    the list columns are built from flat arrays and offsets (no per-row Python objects)."""
+    import pyarrow as pa
+
+    offsets, idx, val = _topk_flat(scores, k)
+    off = pa.array(offsets.astype(np.int32) if offsets[-1] < 2**31 else offsets)
+    lists = pa.ListArray if off.type == pa.int32() else pa.LargeListArray
+    write_table(path, {"doc": np.arange(len(offsets) - 1, dtype=np.int64),
+                       "labels": lists.from_arrays(off, pa.array(idx)),
+                       "scores": lists.from_arrays(off, pa.array(val))})
 
 
 def read_predictions(path: str | os.PathLike, n_labels: int) -> sp.csr_matrix:
-    """Read a prediction table back as a CSR score matrix (N x n_labels)."""
-    t = read_table(path).to_pydict()
-    return topk_to_csr(t["labels"], t["scores"], n_labels)
+    """Read a prediction table back as a CSR score matrix (N x n_labels), from the list columns'
+    flat values and offsets (no per-row Python objects)."""
+    t = read_table(path, ["labels", "scores"])
+    lab, sco = (t.column(c).combine_chunks() for c in ("labels", "scores"))
+    if len(lab) and (lab.null_count or sco.null_count):
+        raise ValueError(f"{path}: a row has no label list")
+    off = np.asarray(lab.offsets, dtype=np.int64)
+    if not np.array_equal(off, np.asarray(sco.offsets, dtype=np.int64)):
+        raise ValueError(f"{path}: the labels and scores lists differ in length")
+    ind = np.array(lab.flatten(), dtype=np.int32)          # copies: arrow buffers are read-only
+    val = np.array(sco.flatten(), dtype=np.float32)
+    if len(ind) and (ind.min() < 0 or ind.max() >= n_labels):
+        raise ValueError(f"{path}: label ids must lie in 0..{n_labels - 1}")
+    m = sp.csr_matrix((val, ind, off - off[0]), shape=(len(off) - 1, n_labels))
+    m.sum_duplicates()
+    return m
