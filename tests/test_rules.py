@@ -27,6 +27,22 @@ def test_every_job_rule_declares_its_resources():
     assert GPU_RULES <= seen
 
 
+def test_every_rules_resources_can_be_set_per_dataset():
+    """mem_mb and runtime of every rule go through res("<the rule>", ...), and the schema accepts
+    resources.<rule> for exactly those rules."""
+    import json
+
+    with_res = set()
+    for fname, name, body in _rules():
+        for key in ("mem_mb", "runtime"):
+            for m in re.finditer(rf"^\s+{key}=(.*)$", body, re.M):
+                assert m.group(1).startswith(f'res("{name}", "{key}", '), f"{fname}: rule {name}: {m.group(0).strip()}"
+                with_res.add(name)
+    schema = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
+    enum = schema["$defs"]["settings"]["properties"]["resources"]["propertyNames"]["enum"]
+    assert set(enum) == with_res
+
+
 def test_logs_follow_rule_and_wildcards():
     for fname, name, body in _rules():
         m = re.search(r'log:\n\s+"logs/(\w+)/', body)

@@ -95,11 +95,17 @@ def test_wiki500k_plan_with_upstream_layout(tmp_path):
     """A user who unpacks Wiki-500K under data/wiki500k/ gets a complete plan."""
     d = tmp_path / "data" / "wiki500k"
     write_raw_dataset(d, [("x", ["1"])], [("y", ["1"])])
-    r = _run(tmp_path, "results/wiki500k/xr-linear.json", "results/wiki500k/parabel.json", extra=["-n"])
+    # any rule's resources can be raised for one dataset
+    over = {"datasets": {"wiki500k": {"resources": {"tfidf": {"mem_mb": 123456}, "xr_linear_train": {"runtime": 4321}}}}}
+    r = _run(tmp_path, "results/wiki500k/xr-linear.json", "results/wiki500k/parabel.json", extra=["-n"],
+             overrides=over)
     out = r.stdout + r.stderr
     for rule in ("ingest", "tfidf", "label_embedding", "cluster", "xr_linear_train", "xr_linear_predict",
                  "parabel_train", "parabel_predict", "evaluate"):
         assert rule in out, rule
+    blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
+    assert "mem_mb=123456" in blocks["tfidf"] and "runtime=4321" in blocks["xr_linear_train"]
+    assert "mem_mb=8000" in blocks["parabel_train"]          # the rule's own value where none is given
 
 
 def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):

@@ -51,6 +51,16 @@ def S(wildcards):
     return xcfg.dataset_settings(config, wildcards.dataset)
 
 
+def res(rule, key, default):
+    """A rule's resource ``key`` (mem_mb | runtime): ``resources.<rule>.<key>`` of the wildcards'
+    dataset (config.yaml defaults or datasets.<name>), else ``default``."""
+    def get(w):
+        if not hasattr(w, "dataset"):
+            return config.get("defaults", {}).get("resources", {}).get(rule, {}).get(key, default)
+        return S(w).get("resources", {}).get(rule, {}).get(key, default)
+    return get
+
+
 def P(*sections, nest=False, keep=None, drop=(), threads=True):
     """A params function: the JSON of the given settings sections, merged into one
     object (or kept under their names with ``nest=True``); ``keep``/``drop`` select

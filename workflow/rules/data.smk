@@ -18,8 +18,8 @@ rule prepare:
         workdir=f"{RES}/debtags/prepare/apt",
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
+        mem_mb=res("prepare", "mem_mb", 2000),
+        runtime=res("prepare", "runtime", 30),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -47,8 +47,8 @@ rule ingest:
         out=RES + "/{dataset}/ingest",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=res("ingest", "mem_mb", 4000),
+        runtime=res("ingest", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -44,9 +44,8 @@ rule elias_stage1:
         out=EL + "/stage1",
     threads: threads_of
     resources:
-        # per-dataset overrides: resources.elias_stage1.mem_mb / .runtime in config.yaml
-        mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("mem_mb", 16000),
-        runtime=lambda w: S(w).get("resources", {}).get("elias_stage1", {}).get("runtime", 1440),
+        mem_mb=res("elias_stage1", "mem_mb", 16000),
+        runtime=res("elias_stage1", "runtime", 1440),
         gpu=1,
     conda:
         "../../envs/gpu.yaml"
@@ -78,9 +77,8 @@ rule elias_stage2:
         out=EL + "/stage2",
     threads: threads_of
     resources:
-        # per-dataset overrides: resources.elias_stage2.mem_mb / .runtime in config.yaml
-        mem_mb=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("mem_mb", 16000),
-        runtime=lambda w: S(w).get("resources", {}).get("elias_stage2", {}).get("runtime", 1440),
+        mem_mb=res("elias_stage2", "mem_mb", 16000),
+        runtime=res("elias_stage2", "runtime", 1440),
         gpu=1,
     conda:
         "../../envs/gpu.yaml"
@@ -116,9 +114,8 @@ rule elias_predict:
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
     resources:
-        # per-dataset overrides: resources.elias_predict.mem_mb / .runtime in config.yaml
-        mem_mb=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("mem_mb", 16000),
-        runtime=lambda w: S(w).get("resources", {}).get("elias_predict", {}).get("runtime", 240),
+        mem_mb=res("elias_predict", "mem_mb", 16000),
+        runtime=res("elias_predict", "runtime", 240),
         gpu=1,
     conda:
         "../../envs/gpu.yaml"
@@ -152,8 +149,8 @@ rule elias_plus_ranker:
         hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=240,
+        mem_mb=res("elias_plus_ranker", "mem_mb", 16000),
+        runtime=res("elias_plus_ranker", "runtime", 240),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -181,8 +178,8 @@ rule elias_plus_calibrate:
         hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("elias_plus_calibrate", "mem_mb", 8000),
+        runtime=res("elias_plus_calibrate", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -213,8 +210,8 @@ rule elias_plus_predict:
         cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("elias_plus_predict", "mem_mb", 8000),
+        runtime=res("elias_plus_predict", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -244,8 +241,8 @@ rule elias_ensemble:
         hash=H("split", "ingest", "tfidf", "cluster", "elias"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=30,
+        mem_mb=res("elias_ensemble", "mem_mb", 8000),
+        runtime=res("elias_ensemble", "runtime", 30),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -68,8 +68,8 @@ rule evaluate:
         hash=config_hash,
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=30,
+        mem_mb=res("evaluate", "mem_mb", 8000),
+        runtime=res("evaluate", "runtime", 30),
     conda:
         "../../envs/cpu.yaml"
     shell:

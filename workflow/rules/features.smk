@@ -19,8 +19,8 @@ rule tfidf:
         out=RES + "/{dataset}/features/tfidf",
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=res("tfidf", "mem_mb", 8000),
+        runtime=res("tfidf", "runtime", 120),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -45,8 +45,8 @@ rule tokenize:
         out=RES + "/{dataset}/features/tokens/{enc}-{maxlen}",
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=res("tokenize", "mem_mb", 8000),
+        runtime=res("tokenize", "runtime", 120),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -71,9 +71,8 @@ rule embed_pretrained:
         out=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}",
     threads: threads_of
     resources:
-        # per-dataset overrides: resources.embed_pretrained.mem_mb / .runtime in config.yaml
-        mem_mb=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("mem_mb", 8000),
-        runtime=lambda w: S(w).get("resources", {}).get("embed_pretrained", {}).get("runtime", 240),
+        mem_mb=res("embed_pretrained", "mem_mb", 8000),
+        runtime=res("embed_pretrained", "runtime", 240),
         gpu=1,
     conda:
         "../../envs/gpu.yaml"

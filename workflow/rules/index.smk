@@ -17,8 +17,8 @@ rule label_embedding_pifa_tfidf:
         hash=H("split", "ingest", "tfidf"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("label_embedding_pifa_tfidf", "mem_mb", 8000),
+        runtime=res("label_embedding_pifa_tfidf", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -42,8 +42,8 @@ rule label_embedding_pifa_neural:
         hash=H("split", "ingest"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("label_embedding_pifa_neural", "mem_mb", 8000),
+        runtime=res("label_embedding_pifa_neural", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -66,8 +66,8 @@ rule label_embedding_text:
         hash=H("split", "ingest", "xtransformer.embed"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("label_embedding_text", "mem_mb", 8000),
+        runtime=res("label_embedding_text", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -90,8 +90,8 @@ rule cluster:
         c=lambda w: S(w)["cluster"],
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=res("cluster", "mem_mb", 8000),
+        runtime=res("cluster", "runtime", 120),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -43,8 +43,8 @@ rule xtransformer_linear_train:
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=res("xtransformer_linear_train", "mem_mb", 8000),
+        runtime=res("xtransformer_linear_train", "runtime", 240),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -70,8 +70,8 @@ rule xtransformer_linear_clusters:
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher.topb"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("xtransformer_linear_clusters", "mem_mb", 8000),
+        runtime=res("xtransformer_linear_clusters", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -108,9 +108,8 @@ rule matcher:
         out=XT + "/matcher",
     threads: threads_of
     resources:
-        # per-dataset overrides: resources.matcher.mem_mb / .runtime in config.yaml
-        mem_mb=lambda w: S(w).get("resources", {}).get("matcher", {}).get("mem_mb", 16000),
-        runtime=lambda w: S(w).get("resources", {}).get("matcher", {}).get("runtime", 720),
+        mem_mb=res("matcher", "mem_mb", 16000),
+        runtime=res("matcher", "runtime", 720),
         gpu=1,
     conda:
         "../../envs/gpu.yaml"
@@ -174,8 +173,8 @@ rule xtransformer_ranker:
         emb=lambda w, input: f"--emb {' '.join(input.emb)}" if w.rin == "tfidf+neural" else "",
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=240,
+        mem_mb=res("xtransformer_ranker", "mem_mb", 16000),
+        runtime=res("xtransformer_ranker", "runtime", 240),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -206,8 +205,8 @@ rule xtransformer_predict:
                "xtransformer.fit_on"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("xtransformer_predict", "mem_mb", 8000),
+        runtime=res("xtransformer_predict", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -244,8 +243,8 @@ rule xtransformer_select:
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer"),
     threads: threads_of
     resources:
-        mem_mb=16000,
-        runtime=480,
+        mem_mb=res("xtransformer_select", "mem_mb", 16000),
+        runtime=res("xtransformer_select", "runtime", 480),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -283,8 +282,8 @@ rule xtransformer_ensemble:
         hash=H("split", "ingest", "tfidf", "cluster", "xtransformer"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=30,
+        mem_mb=res("xtransformer_ensemble", "mem_mb", 8000),
+        runtime=res("xtransformer_ensemble", "runtime", 30),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -28,8 +28,8 @@ rule xr_linear_train:
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=res("xr_linear_train", "mem_mb", 8000),
+        runtime=res("xr_linear_train", "runtime", 240),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -54,8 +54,8 @@ rule xr_linear_predict:
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("xr_linear_predict", "mem_mb", 8000),
+        runtime=res("xr_linear_predict", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -80,8 +80,8 @@ rule parabel_train:
         hash=H("split", "ingest", "tfidf", "parabel"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=res("parabel_train", "mem_mb", 8000),
+        runtime=res("parabel_train", "runtime", 240),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -107,8 +107,8 @@ rule parabel_predict:
         hash=H("split", "ingest", "tfidf", "parabel"),
     threads: threads_of
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=res("parabel_predict", "mem_mb", 8000),
+        runtime=res("parabel_predict", "runtime", 60),
     conda:
         "../../envs/cpu.yaml"
     shell:
