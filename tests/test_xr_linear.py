@@ -72,6 +72,25 @@ def test_masked_product_matches_dense():
         np.testing.assert_allclose(masked_product(X, W, cand, **kw), full[rows, cand.indices], rtol=1e-5)
 
 
+def test_masked_product_scores_a_dense_block_per_candidate():
+    """TF-IDF ⊕ a dense block ⊕ bias (the rankers' features): the dense columns are scored for the
+    candidates only, the sparse ones by row blocks; the sum equals the full product."""
+    from xmc_steps.ranker import append_bias
+
+    rng = np.random.default_rng(2)
+    n, d_sparse, d_dense, m = 40, 50, 12, 30
+    Xs = sp.random(n, d_sparse, density=0.1, format="csr", random_state=rng, dtype=np.float32)
+    E = rng.normal(size=(n, d_dense)).astype(np.float32)
+    X = append_bias(sp.hstack([Xs, sp.csr_matrix(E)], format="csr"))
+    X = sp.vstack([X[:-1], sp.csr_matrix((1, X.shape[1]), dtype=np.float32)], format="csr")   # an empty last row
+    W = sp.random(X.shape[1], m, density=0.4, format="csc", random_state=rng, dtype=np.float32)
+    cand = sp.csr_matrix((rng.random((n, m)) < 0.3).astype(np.float32))
+    full = (X @ W).toarray()
+    rows = np.repeat(np.arange(n), np.diff(cand.indptr))
+    for kw in ({}, {"batch_entries": 5, "dense_budget": 4}):
+        np.testing.assert_allclose(masked_product(X, W, cand, **kw), full[rows, cand.indices], rtol=1e-4, atol=1e-5)
+
+
 def test_gather_reads_unsorted_products_and_missing_entries():
     from xmc_steps.xr_linear import _gather
 

@@ -128,20 +128,46 @@ def expand_children(beam: sp.csr_matrix, C_t: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
-                   batch_entries: int = 1 << 21, dense_budget: int = 1 << 24) -> np.ndarray:
+                   batch_entries: int = 1 << 21, dense_budget: int = 1 << 24,
+                   dense_share: float = 0.5) -> np.ndarray:
     """``(Xa @ Wc)[i, j]`` for every stored entry ``(i, j)`` of ``cand``, in ``cand``'s order.
 
-    Rows are processed in batches of about ``batch_entries`` candidates; a batch
-    multiplies only the columns of ``Wc`` its candidates use (all of ``Wc`` when they
-    cover most of it), then gathers from a dense block when it has at most
-    ``dense_budget`` cells, else from the sparse product.
+    Features stored in at least ``dense_share`` of the rows (the neural block of ``TF-IDF ⊕
+    neural`` features, the bias) are scored per candidate: ``x_dense(i) . w_dense(j)`` for the
+    candidates only, ``O(candidates x dense features)``, where a row-block product would cost
+    ``rows x labels x dense features``.  The other (sparse) features go by row batches of about
+    ``batch_entries`` candidates: a batch multiplies only the columns of ``Wc`` its candidates
+    use (all of ``Wc`` when they cover most of it) and gathers the candidates from a dense
+    block when it has at most ``dense_budget`` cells, else by :func:`_gather`.
     """
     cand = sp.csr_matrix(cand)
     Xa = sp.csr_matrix(Xa)
     Wc = sp.csc_matrix(Wc)
     n, m = cand.shape
     out = np.zeros(cand.nnz, dtype=np.float32)
+    if cand.nnz == 0:
+        return out
     lens = np.diff(cand.indptr)
+    rows_all = np.repeat(np.arange(n, dtype=np.int64), lens)
+    dense = np.zeros(0, dtype=np.int64)
+    if n >= 8 and Xa.nnz:
+        dense = np.flatnonzero(np.bincount(Xa.indices, minlength=Xa.shape[1]) >= dense_share * n)
+    if len(dense) >= 8:
+        keep = np.ones(Xa.shape[1], dtype=bool)
+        keep[dense] = False
+        Xd = Xa[:, dense].toarray()                              # n x k
+        Wd = sp.csr_matrix(Wc[dense, :].T)                       # m x k
+        step = max(1, (1 << 24) // max(len(dense), 1))
+        for a in range(0, cand.nnz, step):
+            r, c = rows_all[a:a + step], cand.indices[a:a + step]
+            out[a:a + len(r)] = np.einsum("ek,ek->e", Xd[r], Wd[c].toarray())
+        mask = keep[Xa.indices]
+        row_of = np.repeat(np.arange(Xa.shape[0]), np.diff(Xa.indptr))
+        indptr = np.zeros(Xa.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row_of[mask], minlength=Xa.shape[0]), out=indptr[1:])
+        Xa = sp.csr_matrix((Xa.data[mask], Xa.indices[mask], indptr), shape=Xa.shape)
+        if Xa.nnz == 0:
+            return out
     # batch boundaries: consecutive rows with about batch_entries candidates each
     cuts = np.searchsorted(cand.indptr, np.arange(0, cand.nnz, batch_entries), side="right") - 1
     bounds = np.unique(np.concatenate([cuts, [n]]))
@@ -161,9 +187,9 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
         Z = (Xa[r0:r1] @ Wsub).tocsr()
         rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
         if (r1 - r0) * Wsub.shape[1] <= dense_budget:
-            out[a:b] = Z.toarray()[rows, local]
+            out[a:b] += Z.toarray()[rows, local]
         else:
-            out[a:b] = _gather(Z, rows, local)
+            out[a:b] += _gather(Z, rows, local)
     return out
 
 

@@ -1,0 +1,107 @@
+"""Prediction cost of the pipeline's scoring code on a DAG's trained models, against the same
+code at an earlier git revision, in one run (compare the ratios; the machine is shared):
+
+    python bench/bench_predict.py [--dataset yso50k] [--docs 2000] [--baseline REV] [--threads 1]
+
+Times, on the first ``--docs`` test documents: xr-linear's beam search
+(``results/<d>/xr-linear/model``) and the X-Transformer rankers' Eq. 2 over the union
+candidates (the first ``ranker-*`` model under ``results/<d>/xtransformer/``, with the matcher's
+test clusters and embeddings), and with ``--baseline REV`` the same calls with
+``xmc_steps/xr_linear.py`` as it was at ``REV`` (loaded from git into its own module).
+Prints one JSON object per (model, code): seconds, ms/document, and whether the predictions
+equal the current code's (to 1e-5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _old_xr_linear(rev: str):
+    src = subprocess.run(["git", "show", f"{rev}:xmc_steps/xr_linear.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "xr_linear_old.py"
+    src = src.replace("from . import", "from xmc_steps import").replace("from .", "from xmc_steps.")
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("xr_linear_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["xr_linear_old"] = mod          # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="yso50k")
+    ap.add_argument("--results", default=str(ROOT / "results"))
+    ap.add_argument("--docs", type=int, default=2000)
+    ap.add_argument("--baseline", default=None, help="git revision of xmc_steps/xr_linear.py to compare with")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(v, str(a.threads))
+    import numpy as np
+    import scipy.sparse as sp
+
+    from xmc_steps import io, xr_linear, xtransformer
+
+    codes = {"current": xr_linear}
+    if a.baseline:
+        codes[a.baseline] = _old_xr_linear(a.baseline)
+    root = Path(a.results) / a.dataset
+    jobs = []
+    lin_dir = root / "xr-linear" / "model"
+    if lin_dir.is_dir():
+        X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
+
+        def lin(mod, X=X):
+            mod_model = mod.XRLinearModel.load(lin_dir)
+            return mod_model.predict(X, beam=10, topk=100)
+        jobs.append(("xr-linear", X.shape[0], lin))
+    rankers = sorted(root.glob("xtransformer/*/*/*/ranker-*/model"))
+    if rankers:
+        rdir = rankers[0]
+        mdir = rdir.parents[1] / "matcher"
+        lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
+        W, C, p, meta = xtransformer.load(rdir)
+        X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
+        emb = io.load_arrays(mdir / "emb_test.npz")["emb"][: a.docs]
+        G0 = io.load_csr(mdir / "clusters_test.npz")[: a.docs]
+        L0 = io.load_csr(lin_test)[: a.docs] if lin_test is not None and p.candidates != "matcher" else None
+        cand = xtransformer.candidate_clusters(G0, L0, p.candidates, p.topb)
+        G = xtransformer.matcher_scores(cand, emb, xtransformer.load_head(mdir / "model.safetensors"))
+        Xr = xtransformer.ranker_features(X, emb, p.ranker_input, p.neural_weight)
+
+        def rank(mod):
+            xtransformer.masked_product = mod.masked_product
+            try:
+                return xtransformer.predict(Xr, W, C, G, p)
+            finally:
+                xtransformer.masked_product = xr_linear.masked_product
+        jobs.append((f"xtransformer {rdir.parent.name}", X.shape[0], rank))
+    for name, n, fn in jobs:
+        ref = None
+        for code, mod in codes.items():
+            t0 = time.perf_counter()
+            P = fn(mod)
+            s = time.perf_counter() - t0
+            ref = P if ref is None else ref
+            d = abs(sp.csr_matrix(P) - ref)
+            print(json.dumps({"dataset": a.dataset, "model": name, "code": code, "docs": n, "seconds": round(s, 3),
+                              "ms_per_doc": round(1000 * s / n, 3),
+                              "equal_to_current": bool(d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
