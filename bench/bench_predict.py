@@ -1,7 +1,8 @@
 """Prediction cost of the pipeline's scoring code on a DAG's trained models, against the same
 code at an earlier git revision, in one run (compare the ratios; the machine is shared):
 
-    python bench/bench_predict.py [--dataset yso50k] [--docs 2000] [--baseline REV] [--threads 1]
+    python bench/bench_predict.py [--dataset yso50k] [--docs 2000] [--baseline REV] [--threads 1] \
+        [--pecos ~/pecos-venv/bin/python]
 
 Times, on the first ``--docs`` test documents: xr-linear's beam search
 (``results/<d>/xr-linear/model``) and the X-Transformer rankers' Eq. 2 over the union
@@ -9,7 +10,9 @@ candidates (the first ``ranker-*`` model under ``results/<d>/xtransformer/``, wi
 test clusters and embeddings), and with ``--baseline REV`` the same calls with
 ``xmc_steps/xr_linear.py`` as it was at ``REV`` (loaded from git into its own module).
 Prints one JSON object per (model, code): seconds, ms/document, and whether the predictions
-equal the current code's (to 1e-5).
+equal the current code's (to 1e-5).  ``--pecos PYTHON`` also runs ``bench/pecos_reference.py``
+(the reference library's XR-Linear, fit on the same features) with that interpreter and prints
+xr-linear's ms/document ratio against it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=2000)
     ap.add_argument("--baseline", default=None, help="git revision of xmc_steps/xr_linear.py to compare with")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pecos", default=None, help="python of a virtual environment with libpecos==1.2.8")
     a = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(v, str(a.threads))
@@ -90,6 +94,7 @@ def main() -> None:
             finally:
                 xtransformer.masked_product = xr_linear.masked_product
         jobs.append((f"xtransformer {rdir.parent.name}", X.shape[0], rank))
+    ours = None
     for name, n, fn in jobs:
         ref = None
         for code, mod in codes.items():
@@ -97,10 +102,19 @@ def main() -> None:
             P = fn(mod)
             s = time.perf_counter() - t0
             ref = P if ref is None else ref
+            ours = 1000 * s / n if (name, code) == ("xr-linear", "current") else ours
             d = abs(sp.csr_matrix(P) - ref)
             print(json.dumps({"dataset": a.dataset, "model": name, "code": code, "docs": n, "seconds": round(s, 3),
                               "ms_per_doc": round(1000 * s / n, 3),
                               "equal_to_current": bool(d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
+    if a.pecos:
+        r = subprocess.run([a.pecos, str(ROOT / "bench" / "pecos_reference.py"), "--results", a.results, "--dataset",
+                            a.dataset, "--docs", str(a.docs), "--threads", str(a.threads)],
+                           check=True, capture_output=True, text=True)
+        ref = json.loads(r.stdout.strip().splitlines()[-1])
+        print(json.dumps(ref), flush=True)
+        if ours is not None:
+            print(json.dumps({"dataset": a.dataset, "xr_linear_ms_per_doc_ratio_to_pecos": round(ours / ref["ms_per_doc"], 2)}))
 
 
 if __name__ == "__main__":

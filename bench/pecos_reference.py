@@ -1,0 +1,56 @@
+"""The reference library's XR-Linear (PECOS, ``libpecos`` 1.2.8) on a DAG's TF-IDF features: run by
+``bench/bench_predict.py --pecos PYTHON`` with the Python of a virtual environment of its own
+(libpecos pins numpy<2 and scipy<1.14, so it stays out of the project's requirements)::
+
+    python3.11 -m venv ~/pecos-venv && ~/pecos-venv/bin/pip install libpecos==1.2.8 "numpy<2" "scipy<1.14"
+
+Imports nothing from the project.  Fits on train + valid with the project's xr-linear settings
+(PIFA label embedding, 16-way tree with leaves of at most 100 labels, TFN+MAN negatives, C 1,
+weight threshold 0.1, bias 1) and prints one JSON object: training seconds, prediction seconds
+and ms/document on the first ``--docs`` test documents (beam 10, top 100), and P@1.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--docs", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    from pecos.xmc import Indexer, LabelEmbeddingFactory
+    from pecos.xmc.xlinear.model import XLinearModel
+
+    root = Path(a.results) / a.dataset
+    load = lambda p: sp.load_npz(p).tocsr().astype(np.float32)   # noqa: E731
+    X = sp.vstack([load(root / "features/tfidf/X_train.npz"), load(root / "features/tfidf/X_valid.npz")]).tocsr()
+    Y = sp.vstack([load(root / "ingest/Y_train.npz"), load(root / "ingest/Y_valid.npz")]).tocsr()
+    Xt = load(root / "features/tfidf/X_test.npz")[: a.docs]
+    Yt = load(root / "ingest/Y_test.npz")[: a.docs]
+    t0 = time.perf_counter()
+    feat = LabelEmbeddingFactory.create(Y, X, method="pifa")
+    chain = Indexer.gen(feat, nr_splits=16, max_leaf_size=100, threads=a.threads)
+    model = XLinearModel.train(X, Y, C=chain, threshold=0.1, negative_sampling_scheme="tfn+man", Cp=1.0, Cn=1.0,
+                               bias=1.0, threads=a.threads)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    P = model.predict(Xt, beam_size=10, only_topk=100, threads=a.threads)
+    pred_s = time.perf_counter() - t0
+    P = sp.csr_matrix(P)
+    top1 = np.asarray(P.argmax(axis=1)).ravel()
+    p1 = float(np.asarray(Yt[np.arange(Xt.shape[0]), top1]).ravel().mean())
+    print(json.dumps({"dataset": a.dataset, "model": "xr-linear", "code": "pecos 1.2.8", "docs": Xt.shape[0],
+                      "train_seconds": round(train_s, 3), "seconds": round(pred_s, 3),
+                      "ms_per_doc": round(1000 * pred_s / Xt.shape[0], 3), "p_at_1": round(100 * p1, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
