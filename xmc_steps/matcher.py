@@ -45,23 +45,23 @@ changes, in order of effect, then two more:
   recall@10 0.268 against 0.248 for the trained one.
 * ``length_bucket``: batches of similar lengths (about twice the CPU throughput on short
   titles, where a random batch is padded to its longest member).
-* ``scorer`` (an addition; ``head`` is the paper): which cluster scores the stage writes for
-  the rankers (their candidate clusters and MAN negatives) and the guard judges.
-  ``head+linear`` (:func:`head_linear_topb`) scores a cluster by the mean of the head's
-  ``T(g)`` (l3-hinge) and the linear tree's beam score over the same clusters (the
+* ``scorer`` (an addition; ``head``, the default, is the paper): which cluster scores the
+  stage writes for the rankers (their candidate clusters and MAN negatives) and the guard
+  judges.  ``head+linear`` (:func:`head_linear_topb`) scores a cluster by the mean of the
+  head's ``T(g)`` (l3-hinge) and the linear tree's beam score over the same clusters (the
   XR-Linear tree fit on the train split, ``--linear-clusters``; 0 where its beam did not
-  reach the cluster).  The neural head and the TF-IDF tree miss different clusters: on
-  yso-finna-sv-50k (K = 256, the 5-epoch CPU matcher) the head alone and the tree alone
-  both reach valid recall@10 0.327, their mean 0.382 (test 0.282 / 0.261 -> 0.317); the
-  least-squares head on the *pre-trained* encoder gives 0.241 alone and 0.347 with the
-  tree, so the fine-tuning is worth 3.5 points of it.  XR-Transformer, the successor,
-  likewise ranks with a linear model on TF-IDF next to the fine-tuned embedding; a tree
-  over ``TF-IDF ⊕ phi`` at the matcher's level (its reading) reached 0.356 there, below the
-  mean, at the cost of a second linear fit.  ``auto`` (config.yaml) keeps ``head+linear``
-  when its valid recall@b is higher than the head's, else the head; both figures go to
-  ``guard.json`` (``head.scorers``).  With ``head+linear`` the guard also requires the head
-  *alone* to beat the most frequent clusters, so the linear half cannot carry a head that
-  learned nothing.
+  reach the cluster).  The head and the TF-IDF tree miss different clusters: on
+  yso-finna-sv-50k (K = 256, the 5-epoch CPU matcher) each alone reaches valid recall@10
+  0.327, their mean 0.382 (test 0.282 / 0.261 -> 0.317); the least-squares head on the
+  *pre-trained* encoder gives 0.241 alone and 0.347 with the tree, so fine-tuning is worth 3.5
+  points of it (a tree over ``TF-IDF ⊕ phi``, XR-Transformer's reading, reached 0.356).  It
+  is **not** the default: the rankers search the union of the matcher's top-b and the linear
+  tree's top-b (``candidates: union``), and a fused top-b overlaps the tree's, so the union
+  shrinks (17.6 -> 14.4 clusters per test document) and loses recall (0.395 -> 0.358).
+  ``head+linear`` suits ``candidates: matcher``.  The stage writes both scorers' valid recall
+  to ``guard.json`` (``head.scorers``) whenever the linear clusters of every split are given.
+  With ``head+linear`` the guard also requires the head *alone* to beat the most frequent
+  clusters, so the linear half cannot carry a head that learned nothing.
 
 ``pooling``, the loss and the bias-free head stay the paper's.  The runs of
 ``bench/bench_matcher_scale.py`` on one H200 (valid recall@b, b = 10, or K/2 at K < 20;
@@ -90,9 +90,12 @@ is not better than the better of them fails the stage with the numbers and the
 settings to change, unless ``allow_weak``; the trained weights stay in the checkpoint
 folder, so the rerun with ``allow_weak: true`` (or more epochs) does not start over.
 The English MiniLM's head alone on Swedish library titles lands next to the linear tree
-(above it at K = 8,192, below at K = 2,048, level at K = 256): for the ``head`` scorer the
-guard is a coin there, which is why config.yaml lets ``auto`` pick ``head+linear`` when it is
-better (0.382 against the tree's 0.327 at K = 256).
+(above it at K = 8,192, below at K = 2,048, level at K = 256): there the guard is a coin.
+What the matcher adds *to the union* is not: at K = 256, the head's top-10 together with
+the tree's top-10 (17.5 clusters per document) reach valid recall 0.467 where the tree alone
+at the same number of clusters reaches 0.393 (its top-20: 0.411; 10 random clusters with its
+top-10: 0.354; test 0.395 / 0.318 / 0.334 / 0.288).  A guard on that equal-budget
+comparison, for the union the rankers search, is the next step (not built yet).
 
 Scores written by the stage (``clusters_{split}.npz``) are, with the ``head`` scorer, the
 raw ``g(x, k)`` of the top-``b`` clusters per row (not probabilities; a transform such as
@@ -113,7 +116,7 @@ CLI::
 ``--linear-clusters`` are the linear tree's top clusters of the train, valid and test
 documents (``python -m xmc_steps.xr_linear clusters``): the guard's baseline and the linear
 half of ``head+linear``; ``--baseline-clusters`` gives the valid ones only (the guard's
-baseline; ``auto`` then keeps the head).  Without either the guard has the frequency
+baseline).  Without either the guard has the frequency
 baseline only.
 
 ``--params`` keys (:class:`MatcherParams`): encoder, pooling, last_k, max_length,
@@ -167,7 +170,7 @@ SPLITS = ("train", "valid", "test")
 
 
 HEAD_INITS = ("random", "linear")
-SCORERS = ("head", "head+linear", "auto")
+SCORERS = ("head", "head+linear")
 
 
 @dataclass
@@ -191,7 +194,7 @@ class MatcherParams(Params):
     head_init_l2: float = 0.001     # ridge of the least-squares heads, relative to the mean eigenvalue of Phi^T Phi
     head_refit: bool = True         # after training, re-fit the head by least squares; kept if better on valid
     scorer: str = "head"            # head: Eq. 3's g (the paper); head+linear: mean of T(g) and the linear
-                                    # tree's beam score; auto: the one with the higher valid recall@b
+                                    # tree's beam score over the same clusters
     topb: int = 10                  # clusters kept per document in clusters_*.npz
     allow_weak: bool = False        # True: a matcher no better than the trivial baselines is only a warning
     checkpoint_every: int = 500
@@ -527,10 +530,9 @@ def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spma
 def finish_matcher(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmatrix, emb_valid: np.ndarray,
                    M_valid: sp.spmatrix, params: MatcherParams, device: torch.device | str = "cpu",
                    linear_valid: sp.spmatrix | None = None, fuse: bool = True) -> tuple[GuardReport, dict[str, Any]]:
-    """After training: the head re-fit (``head_refit``, :func:`refit_head`), the scorer
-    (``scorer``; ``auto`` keeps ``head+linear`` when its valid recall@b is higher than the head's;
-    ``fuse=False``: the linear clusters of the other splits are missing, ``auto`` keeps the head)
-    and the guard's numbers (:func:`check_matcher`) on the valid split.  Returns
+    """After training: the head re-fit (``head_refit``, :func:`refit_head`), the valid recall of
+    both scorers when the linear tree's clusters of every split are given (``fuse``), and the
+    guard's numbers (:func:`check_matcher`) for the configured ``scorer``.  Returns
     ``(report, head_info)``; ``report.scorer`` is the scorer to write the clusters with."""
     K = model.n_clusters
     b = guard_width(params.topb, K)
@@ -539,17 +541,14 @@ def finish_matcher(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmat
         head = refit_head(model, emb_train, M_train, emb_valid, M_valid, b, params.head_init_l2, device)
     W = model.head.weight.detach().float().cpu().numpy()
     report = check_matcher(topb_from_emb(emb_valid, W, params.topb, device), M_valid, M_train, b, linear_valid)
-    if params.scorer != "head":
-        if linear_valid is None or not fuse:
-            if params.scorer == "head+linear":
-                raise StageError("scorer head+linear needs the linear tree's clusters (--linear-clusters)")
-            head["scorers"] = {"head": report.matcher}
-            return report, head
+    if linear_valid is not None and fuse:       # both scorers' recall go to guard.json, the configured one is kept
         fused = check_matcher(head_linear_topb(emb_valid, W, linear_valid, params.topb, device), M_valid, M_train, b,
                               linear_valid)
         head["scorers"] = {"head": report.matcher, "head+linear": fused.matcher}
-        if params.scorer == "head+linear" or fused.matcher > report.matcher:
+        if params.scorer == "head+linear":
             report = GuardReport(b, K, fused.matcher, report.baselines, "head+linear", report.matcher)
+    elif params.scorer == "head+linear":
+        raise StageError("scorer head+linear needs the linear tree's clusters of every split (--linear-clusters)")
     return report, head
 
 
@@ -827,7 +826,7 @@ def main(argv: list[str] | None = None) -> None:
         with st.timed("head_and_guard"):
             report, head = finish_matcher(model, embs["train"], M_train, embs["valid"], M_valid, params,
                                           trainer.device, linear_valid, fuse=len(linear) == len(SPLITS))
-        if params.scorer != "head":
+        if "scorers" in head:
             st.log.info("scorer: valid cluster recall@%d %s; writing the %s scores", report.b,
                         ", ".join(f"{k} {v:.4f}" for k, v in head.get("scorers", {}).items()), report.scorer)
         if "refit" in head:
