@@ -225,6 +225,35 @@ def test_guard_with_head_linear_needs_a_head_that_learned():
     assert matcher.GuardReport(10, 256, 0.41, base).passed
 
 
+def test_guard_counts_what_the_matcher_adds_to_the_linear_trees_clusters():
+    """A matcher level with the tree at b passes when its top-b and the tree's together beat the
+    tree's own top clusters at the same number per document; one that repeats the tree's next
+    clusters, or learned no more than the cluster frequencies, does not."""
+    K, b = 8, 2
+    M_valid = sp.csr_matrix(np.array([[1, 0, 0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 1, 0, 0]], np.float32))
+    M_train = sp.csr_matrix(np.eye(K, dtype=np.float32)[[6, 6, 7, 7, 6, 7]])     # 6 and 7 most frequent
+    # the tree: its top-2 finds one positive per row, its next two none (4 clusters listed)
+    lin = sp.csr_matrix(np.array([[.9, .8, .7, .6, 0, 0, 0, 0], [.9, .8, 0, .6, .5, 0, 0, 0]], np.float32))
+    adds = sp.csr_matrix(np.array([[0, 0, 0, 0, .9, .8, 0, 0], [0, 0, 0, 0, .9, .8, 0, 0]], np.float32))
+    g = matcher.check_matcher(adds, M_valid, M_train, b, lin)
+    # at b the matcher ties the tree (one of two positives per row) ...
+    assert g.matcher == pytest.approx(0.5) and g.baselines["linear_tree"] == pytest.approx(0.5)
+    # ... but the union finds all four positives, the tree's own top-4 two
+    assert g.union == pytest.approx(1.0) and g.linear_same_budget == pytest.approx(0.5) and g.union_clusters == 4
+    assert g.adds_to_tree and g.passed and g.to_dict()["union"]["adds_to_tree"] is True
+    same = sp.csr_matrix(np.array([[0, 0, .9, .8, 0, 0, 0, 0], [0, 0, .9, .8, 0, 0, 0, 0]], np.float32))
+    bad = matcher.check_matcher(same, M_valid, M_train, b, lin)
+    assert not bad.passed and "not above the tree alone with as many clusters" in bad.message()
+    freq = matcher.check_matcher(matcher.frequency_topb(M_train, 2, b), M_valid, M_train, b, lin)
+    assert not freq.passed
+
+
+def test_topk_per_row_varying():
+    M = sp.csr_matrix(np.array([[.1, .5, .3, 0], [.2, .2, 0, .9], [0, 0, 0, 0]], np.float32))
+    T = matcher.topk_per_row_varying(M, np.array([2, 1, 3]))
+    assert T.toarray().tolist() == [[0, pytest.approx(.5), pytest.approx(.3), 0], [0, 0, 0, pytest.approx(.9)], [0, 0, 0, 0]]
+
+
 def test_matcher_cli_scorer_head_linear(tiny, tmp_path, capsys):
     """scorer head+linear: the stage reads the linear tree's clusters of every split, writes the
     fused top-b and both scorers' valid recall; head+linear without them is an error."""

@@ -152,6 +152,10 @@ def test_training_fits_and_beam_narrows():
     assert Y.toarray()[np.arange(X.shape[0]), top1].mean() > 0.8
     C = model.predict_clusters(X, beam=2)
     assert C.shape == (X.shape[0], tree.n_clusters) and np.all(np.diff(C.indptr) == 2)
+    # keep: the same search, a longer list whose first entries are the top-beam
+    C4 = model.predict_clusters(X, beam=2, keep=4)
+    assert np.all(np.diff(C4.indptr) <= 4) and np.all(np.diff(C4.indptr) >= 2)
+    assert (topk_per_row(C4, 2) != C).nnz == 0
 
 
 def test_tfn_only_and_generic_beam_search():

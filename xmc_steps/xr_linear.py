@@ -391,14 +391,17 @@ class XRLinearModel:
         out.sort_indices()
         return out
 
-    def predict_clusters(self, X: sp.spmatrix, level: int = -1, beam: int = 10, transform: str | None = None) -> sp.csr_matrix:
-        """Top-``beam`` nodes at cluster ``level`` (default the finest): the matcher output."""
+    def predict_clusters(self, X: sp.spmatrix, level: int = -1, beam: int = 10, transform: str | None = None,
+                         keep: int | None = None) -> sp.csr_matrix:
+        """Top-``beam`` nodes at cluster ``level`` (default the finest): the matcher output.
+        ``keep`` (>= ``beam``) keeps that many of the last level's candidates instead; their
+        first ``beam`` are the top-``beam`` (the same search, a longer list)."""
         X = sp.csr_matrix(X, dtype=np.float32)
         T = self.tree.depth
         lev = T + level if level < 0 else level
         Xa = append_bias(X, self.params.bias)
         return beam_search(self.tree.C[:lev], linear_scorer(Xa, self.W, transform or self.params.transform),
-                           X.shape[0], beam, beam)
+                           X.shape[0], beam, max(beam, keep or beam))
 
     # -- persistence
     def save(self, path) -> None:
@@ -501,7 +504,7 @@ def _clusters_cli(args) -> None:
     if len(args.features) != len(args.out):
         raise StageError("give as many --out files as --features")
     with stage_run("xr_linear_clusters", args, outputs=list(args.out)) as st:
-        cfg = {"beam": 10, "transform": None}
+        cfg = {"beam": 10, "keep": None, "transform": None}
         unknown = set(st.params) - set(cfg) - {"threads"}
         if unknown:
             raise StageError(f"unknown clusters parameter(s): {sorted(unknown)}")
@@ -518,12 +521,14 @@ def _clusters_cli(args) -> None:
                 raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
             t0 = time.perf_counter()
             with st.timed("predict"):
-                S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"])
+                S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"],
+                                           keep=None if cfg["keep"] is None else int(cfg["keep"]))
             if Path(o).stem.endswith("_test"):          # clusters_test.npz: part of predicting new text
                 st.online_cost(time.perf_counter() - t0, X.shape[0])
             io.save_csr(o, S)
             st.output(Path(o).stem, o)
-            st.log.info("%s: top-%d of %d clusters for %d documents", o, int(cfg["beam"]), S.shape[1], S.shape[0])
+            st.log.info("%s: top-%d of %d clusters for %d documents (beam %d)", o, int(cfg["keep"] or cfg["beam"]),
+                        S.shape[1], S.shape[0], int(cfg["beam"]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,7 +55,8 @@ rule xtransformer_linear_train:
 
 
 rule xtransformer_linear_clusters:
-    """The linear tree's beam: top-b finest clusters of every document (a matcher's output)."""
+    """The linear tree's beam: top-b finest clusters of every document (a matcher's output); the
+    train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline."""
     input:
         # the xr-linear target's model when it is the same model (same tree and splits): fit once
         model=lambda w: xtg.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
@@ -66,7 +67,8 @@ rule xtransformer_linear_clusters:
     log:
         "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
     params:
-        settings=lambda w: json.dumps({"beam": S(w)["xtransformer"]["matcher"]["topb"]}),
+        settings=lambda w: json.dumps({"beam": S(w)["xtransformer"]["matcher"]["topb"],
+                                       "keep": S(w)["xtransformer"]["matcher"]["topb"] * (2 if w.fit == "train" else 1)}),
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher.topb"),
     threads: 1
     resources:
