@@ -33,7 +33,8 @@ CLI::
         --out clusters_valid.npz clusters_test.npz --params '{"beam": 10}'
 
 ``clusters`` writes the top-``beam`` nodes of the finest cluster level (CSR ``N x K``, the
-beam's path scores): the linear tree used as a matcher, the baseline and second
+beam's path scores; ``"keep": k`` writes the top-``k`` of the same beam-``beam`` search, whose
+first ``beam`` are the same): the linear tree used as a matcher, the baseline and second
 candidate source of the X-Transformer matcher (:mod:`xmc_steps.xtransformer`).
 """
 
