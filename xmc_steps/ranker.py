@@ -167,8 +167,11 @@ def train_rankers(
         K = max(K, mask.shape[1])
     else:
         mask = None
-    X64 = X.astype(np.float64)
-    X64.sort_indices()
+    X = X.copy() if not X.has_sorted_indices else X
+    X.sort_indices()
+    # the solver wants float64: a full-size copy only when every label trains on every instance;
+    # with a mask each cluster converts just its own rows
+    X64 = X.astype(np.float64) if mask is None else None
     Yc = sp.csc_matrix(Y)
     Yc.eliminate_zeros()
     groups = _groups(col, K)
@@ -188,7 +191,7 @@ def train_rankers(
         out_idx, out_val, out_cnt = [], [], []
         # the cluster's instances, restricted to the features they use (weights of the
         # other features are 0 anyway): per-label cost scales with the subset, not with d
-        Xs = X64 if mask is None else X64[rows]
+        Xs = X64 if mask is None else X[rows].astype(np.float64)
         feat = np.unique(Xs.indices) if len(rows) else np.zeros(0, np.int64)
         if len(rows) and len(feat) < 0.8 * d:
             Xs = sp.csr_matrix((Xs.data, np.searchsorted(feat, Xs.indices).astype(np.int32), Xs.indptr),
