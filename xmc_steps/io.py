@@ -127,18 +127,24 @@ def csr_to_topk(scores: sp.csr_matrix, k: int) -> tuple[list[np.ndarray], list[n
             [val[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
 
 
+def row_ranks(M: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, order, rank)`` of a CSR matrix's entries: ``rows`` the row of each entry,
+    ``order`` the entry positions sorted row by row, best first (ties -> lower column), and
+    ``rank`` the place within its row of each entry of that order (0 = best)."""
+    rows = np.repeat(np.arange(M.shape[0], dtype=np.int64), np.diff(M.indptr))
+    order = np.lexsort((M.indices, -M.data, rows))
+    rank = np.arange(M.nnz, dtype=np.int64) - M.indptr[:-1].astype(np.int64)[rows]
+    return rows, order, rank
+
+
 def _topk_flat(scores: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(offsets, label ids, scores)``: every row's top-``k``, best first (ties -> lower index),
     row after row, without a Python loop over the rows."""
     scores = sp.csr_matrix(scores)
-    n = scores.shape[0]
-    lens = np.diff(scores.indptr)
-    rows = np.repeat(np.arange(n, dtype=np.int64), lens)
-    order = np.lexsort((scores.indices, -scores.data, rows))
-    rank = np.arange(scores.nnz, dtype=np.int64) - scores.indptr[:-1].astype(np.int64)[rows]
+    _, order, rank = row_ranks(scores)
     keep = order[rank < k]
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.minimum(lens, max(int(k), 0)), out=offsets[1:])
+    offsets = np.zeros(scores.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.minimum(np.diff(scores.indptr), max(int(k), 0)), out=offsets[1:])
     return offsets, scores.indices[keep].astype(np.int32), scores.data[keep].astype(np.float32)
 
 

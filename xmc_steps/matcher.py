@@ -164,7 +164,8 @@ from torch import nn
 
 from . import encoders, io, neural
 from .negatives import binarize
-from .xr_linear import topk_per_row
+from .xr_linear import topk_per_row, transform
+from .xtransformer import SCORE_FLOOR, matcher_scores
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -392,8 +393,6 @@ def head_linear_topb(emb: np.ndarray, W: np.ndarray, linear_top: sp.spmatrix, b:
     margin 1), ``s_lin`` the beam's score (0 where the beam did not reach the cluster), floored at
     ``1e-30``; the beam's list is cut to its top-``b``.  No other cluster can enter the top-``b``: outside both sets the score is at most
     ``T(g)/2`` below the head's ``b``-th, which ``b`` clusters of the head's top-``b`` reach."""
-    from .xtransformer import SCORE_FLOOR, matcher_scores, transform
-
     lin = sp.csr_matrix(linear_top, dtype=np.float32)
     n, K = emb.shape[0], W.shape[0]
     if lin.shape != (n, K):
@@ -537,19 +536,6 @@ class GuardReport:
                 "the output folder's checkpoints/, so a rerun does not train again")
 
 
-def topk_per_row_varying(M: sp.spmatrix, k: np.ndarray) -> sp.csr_matrix:
-    """Keep the ``k[i]`` largest entries of row ``i`` (ties -> lower column index)."""
-    M = sp.csr_matrix(M)
-    lens = np.diff(M.indptr)
-    rows = np.repeat(np.arange(M.shape[0]), lens)
-    order = np.lexsort((M.indices, -M.data, rows))
-    rank = np.arange(M.nnz) - M.indptr[:-1][rows[order]]
-    keep = np.sort(order[rank < np.asarray(k)[rows[order]]])
-    indptr = np.zeros(M.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows[keep], minlength=M.shape[0]), out=indptr[1:])
-    return sp.csr_matrix((M.data[keep], M.indices[keep], indptr), shape=M.shape)
-
-
 def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spmatrix, b: int,
                   linear_valid: sp.spmatrix | None = None) -> GuardReport:
     """Recall@b of the matcher's top-b valid clusters, of the most frequent clusters and (when
@@ -569,7 +555,7 @@ def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spma
     base["linear_tree"] = cluster_recall(lin_b, M_valid)
     union = binarize(binarize(top) + binarize(lin_b))
     sizes = np.diff(union.indptr)
-    same = topk_per_row_varying(lin, sizes)
+    same = topk_per_row(lin, sizes)
     return GuardReport(b, K, cluster_recall(top, M_valid), base, union=cluster_recall(union, M_valid),
                        linear_same_budget=cluster_recall(same, M_valid), union_clusters=float(sizes.mean()))
 

@@ -79,13 +79,15 @@ def transform(z: np.ndarray, kind: str = "l3-hinge") -> np.ndarray:
     raise ValueError(f"unknown transform {kind!r}; expected one of {TRANSFORMS}")
 
 
-def topk_per_row(M: sp.spmatrix, k: int) -> sp.csr_matrix:
-    """Keep the ``k`` largest entries of each row of ``M`` (ties -> lower column index).
+def topk_per_row(M: sp.spmatrix, k: int | np.ndarray) -> sp.csr_matrix:
+    """Keep the ``k`` largest entries of each row of ``M`` (ties -> lower column index);
+    ``k`` may be one count per row (a CSR ``M`` then).
 
     Works on a CSR score matrix (e.g. a matcher's cluster scores) or a dense array; the
     result is CSR with sorted indices.  This is the "top-b clusters" of a matcher.
     """
-    if not sp.issparse(M):
+    per_row = np.ndim(k) > 0
+    if not sp.issparse(M) and not per_row:
         A = np.asarray(M, dtype=np.float32)
         n, m = A.shape
         k = min(k, m)
@@ -99,19 +101,17 @@ def topk_per_row(M: sp.spmatrix, k: int) -> sp.csr_matrix:
     M = sp.csr_matrix(M)
     n = M.shape[0]
     lens = np.diff(M.indptr)
-    if k <= 0:
-        return sp.csr_matrix(M.shape, dtype=M.dtype)
-    if lens.max(initial=0) <= k:
-        out = M.copy()
-        out.sort_indices()
-        return out
-    rows = np.repeat(np.arange(n), lens)
-    order = np.lexsort((M.indices, -M.data, rows))
-    rank = np.arange(M.nnz) - M.indptr[rows[order]]
-    keep = np.sort(order[rank < k])
-    new_lens = np.minimum(lens, k)
+    if not per_row:
+        if k <= 0:
+            return sp.csr_matrix(M.shape, dtype=M.dtype)
+        if lens.max(initial=0) <= k:
+            out = M.copy()
+            out.sort_indices()
+            return out
+    rows, order, rank = io.row_ranks(M)
+    keep = np.sort(order[rank < (np.asarray(k)[rows] if per_row else k)])
     indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(new_lens, out=indptr[1:])
+    np.cumsum(np.bincount(rows[keep], minlength=n), out=indptr[1:])
     out = sp.csr_matrix((M.data[keep], M.indices[keep], indptr), shape=M.shape)
     out.sort_indices()
     return out
@@ -149,24 +149,20 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
     if cand.nnz == 0:
         return out
     lens = np.diff(cand.indptr)
-    rows_all = np.repeat(np.arange(n, dtype=np.int64), lens)
     dense = np.zeros(0, dtype=np.int64)
     if n >= 8 and Xa.nnz:
         dense = np.flatnonzero(np.bincount(Xa.indices, minlength=Xa.shape[1]) >= dense_share * n)
     if len(dense) >= 8:
-        keep = np.ones(Xa.shape[1], dtype=bool)
-        keep[dense] = False
         Xd = Xa[:, dense].toarray()                              # n x k
         Wd = sp.csr_matrix(Wc[dense, :].T)                       # m x k
-        step = max(1, (1 << 24) // max(len(dense), 1))
+        rows_all = np.repeat(np.arange(n, dtype=np.int64), lens)
+        step = max(1, (1 << 24) // len(dense))
         for a in range(0, cand.nnz, step):
             r, c = rows_all[a:a + step], cand.indices[a:a + step]
             out[a:a + len(r)] = np.einsum("ek,ek->e", Xd[r], Wd[c].toarray())
-        mask = keep[Xa.indices]
-        row_of = np.repeat(np.arange(Xa.shape[0]), np.diff(Xa.indptr))
-        indptr = np.zeros(Xa.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.bincount(row_of[mask], minlength=Xa.shape[0]), out=indptr[1:])
-        Xa = sp.csr_matrix((Xa.data[mask], Xa.indices[mask], indptr), shape=Xa.shape)
+        Xa = Xa.copy()                                           # the sparse rest: the dense columns dropped
+        Xa.data[np.isin(Xa.indices, dense)] = 0
+        Xa.eliminate_zeros()
         if Xa.nnz == 0:
             return out
     # batch boundaries: consecutive rows with about batch_entries candidates each
@@ -204,9 +200,9 @@ def _gather(Z: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     ncol = np.int64(Z.shape[1])
     keys = np.repeat(np.arange(Z.shape[0], dtype=np.int64), np.diff(Z.indptr)) * ncol + Z.indices
     q = np.asarray(rows, dtype=np.int64) * ncol + np.asarray(cols, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
     if not len(keys):
         return np.zeros(len(q), dtype=np.float32)
+    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
     return np.where(keys[pos] == q, Z.data[pos], 0).astype(np.float32)
 
 

@@ -206,7 +206,7 @@ def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, G: sp.csr_matri
     Xa = append_bias(Xr, params.bias)
     n = G.shape[0]
     # labels per candidate row: the sizes of its candidate clusters
-    per_row = np.asarray(G.astype(bool).astype(np.float32) @ np.diff(C.tocsc().indptr).astype(np.float32)).ravel()
+    per_row = np.asarray(G.astype(bool).astype(np.float32) @ np.asarray(C.sum(axis=0), np.float32).ravel()).ravel()
     cum = np.concatenate([[0.0], np.cumsum(per_row)])
     cuts = np.searchsorted(cum, np.arange(batch_entries, cum[-1], batch_entries))
     bounds = np.unique(np.concatenate([[0], cuts, [n]]).astype(np.int64))
