@@ -60,3 +60,70 @@ def test_tokenize_rejects_too_long_and_unknown_encoder(ingested, tmp_path):
     with pytest.raises(StageError, match="cannot be loaded offline"):
         tokenize_main(["--ingest", str(ingested), "--out", str(tmp_path / "b"), "--params", json.dumps({"encoder": "no-such-org/no-such-model", "max_length": 8})])
     assert not (tmp_path / "a" / "tokens_train.npz").exists()
+
+
+def _random_texts(n, seed):
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(300)] + ["Ärlig", "öl", "zebra-1", "co-op"]
+    p = 1.0 / np.arange(1, len(words) + 1)            # Zipfian: many n-grams seen once, a few everywhere
+    p /= p.sum()
+    return [" ".join(rng.choice(words, size=rng.integers(0, 25), p=p)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("settings", [{"min_df": 2}, {"min_df": 1}, {"min_df": 3, "max_features": 150},
+                                      {"min_df": 2, "ngram_range": [1, 3], "lowercase": False}])
+def test_streaming_tfidf_equals_scikit_learn_on_all_documents(tmp_path, settings):
+    """Chunked counting with hash-partitioned spills gives scikit-learn's vocabulary, idf and matrices."""
+    from xmc_steps.tfidf import fit_streaming, make_vectorizer
+
+    params = dict(SETTINGS["tfidf"], **settings)
+    train, test = _random_texts(700, 0), _random_texts(50, 1)
+    ref = make_vectorizer(params)
+    X_ref = ref.fit_transform(train)
+    chunks = [train[i:i + 97] for i in range(0, len(train), 97)]
+    model = fit_streaming(iter(chunks), params, n_partitions=5, spill_dir=tmp_path)
+    if "max_features" in settings:
+        # the cap keeps the most frequent n-grams; scikit-learn breaks ties at the cut in an
+        # unspecified order, this stage alphabetically: same counts, then compare on our vocabulary
+        from sklearn.feature_extraction.text import CountVectorizer
+
+        counts = CountVectorizer(ngram_range=tuple(params["ngram_range"])).fit(train)
+        tf = dict(zip(counts.get_feature_names_out(), np.asarray(counts.transform(train).sum(0)).ravel()))
+        assert sorted(tf[t] for t in model.terms) == sorted(tf[t] for t in ref.get_feature_names_out())
+        cut = min(tf[t] for t in model.terms)
+        tied = sorted(t for t in tf if tf[t] == cut and counts.transform(train)[:, counts.vocabulary_[t]].nnz >= params["min_df"])
+        assert [t for t in model.terms if tf[t] == cut] == tied[:sum(tf[t] == cut for t in model.terms)]
+        ref = make_vectorizer(dict(params, max_features=None, min_df=1), vocabulary=list(model.terms))
+        X_ref = ref.fit_transform(train)
+    assert list(model.terms) == list(ref.get_feature_names_out())
+    assert np.array_equal(model.idf, ref.idf_)
+    for texts, want in ((train, X_ref), (test, ref.transform(test))):
+        got = model.transform_batches([texts[:13], texts[13:]])
+        assert got.dtype == np.float32 and got.has_sorted_indices
+        assert (got != want).nnz == 0                          # bit for bit
+    assert not list(tmp_path.iterdir())                        # the spill folder is removed
+
+
+def test_tfidf_stage_chunked_equals_one_chunk(ingested, tmp_path, monkeypatch):
+    """The stage's chunk and partition sizes (derived from the text size) do not change its output."""
+    import xmc_steps.tfidf as tfidf
+
+    tfidf_main(["--ingest", str(ingested), "--out", str(tmp_path / "one"), "--params", json.dumps(SETTINGS["tfidf"])])
+    monkeypatch.setattr(tfidf, "CHUNK_BYTES", 40)         # a few documents per chunk
+    monkeypatch.setattr(tfidf, "PARTITION_BYTES", 100)    # several spill files
+    tfidf_main(["--ingest", str(ingested), "--out", str(tmp_path / "many"), "--params", json.dumps(SETTINGS["tfidf"])])
+    for s in ("train", "valid", "test"):
+        a, b = io.load_csr(tmp_path / "one" / f"X_{s}.npz"), io.load_csr(tmp_path / "many" / f"X_{s}.npz")
+        assert a.shape == b.shape and (a != b).nnz == 0
+    assert io.read_table(tmp_path / "one" / "vocab.parquet").equals(io.read_table(tmp_path / "many" / "vocab.parquet"))
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_tfidf_stage_names_the_file_when_nothing_is_left(tmp_path):
+    """Training documents whose words are all rarer than min_df: a clear error naming the file, nothing written."""
+    write_raw_dataset(tmp_path / "data" / "toy", [(f"unique{i}", ["a"]) for i in range(12)], [("x", ["a"])])
+    ing = tmp_path / "ingest"
+    ingest_main(["--name", "toy", "--data-dir", str(tmp_path / "data"), "--out", str(ing), "--params", json.dumps(SETTINGS)])
+    with pytest.raises(StageError, match=r"docs_train\.parquet: no n-gram reaches min_df = 2"):
+        tfidf_main(["--ingest", str(ing), "--out", str(tmp_path / "t"), "--params", json.dumps(SETTINGS["tfidf"])])
+    assert not list((tmp_path / "t").glob("X_*.npz")) and not list((tmp_path / "t").glob("tfidf-spill-*"))

@@ -120,6 +120,25 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None):
     return pq.read_table(path, columns=columns)
 
 
+def iter_column(path: str | os.PathLike, column: str, batch_rows: int) -> Iterator[list]:
+    """A Parquet column in batches of ``batch_rows`` Python values, without reading the
+    whole file (the streaming stages' input: TF-IDF at Wiki-500K's millions of documents)."""
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=max(1, int(batch_rows)), columns=[column]):
+        yield batch.column(0).to_pylist()
+
+
+def column_bytes(path: str | os.PathLike, column: str) -> tuple[int, int]:
+    """(rows, uncompressed bytes of ``column``) of a Parquet file, from its metadata only."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    idx = meta.schema.names.index(column)
+    size = sum(meta.row_group(g).column(idx).total_uncompressed_size for g in range(meta.num_row_groups))
+    return meta.num_rows, int(size)
+
+
 def csr_to_topk(scores: sp.csr_matrix, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per row, the top-``k`` (label index, score) pairs, best first; ties -> lower index."""
     offsets, idx, val = _topk_flat(scores, k)

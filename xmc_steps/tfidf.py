@@ -8,6 +8,21 @@ rows L2-normalised.  For a BoW-layout dataset the given features are used as the
 rows L2-normalised (their vocabulary is not known; ``vocab.parquet`` then lists
 feature indices with idf 1).
 
+Streaming (:func:`fit_streaming`): the documents are read in chunks of about
+:data:`CHUNK_BYTES` of text; each chunk's n-grams are counted (document and term
+frequency) and the counts are spilled to disk, split by a hash of the n-gram into
+``ceil(text bytes / PARTITION_BYTES)`` partitions; each partition is then summed on
+its own (Arrow's hash aggregation) and pruned by ``min_df``.  At no point are all
+n-grams of the corpus in memory: the peak is one chunk's n-grams or one partition's
+sums, whichever is larger, so Wiki-500K's hundreds of millions of distinct bigrams
+(most of them seen once) never sit in one Python dict.  The result is the same
+vocabulary, idf and matrices as scikit-learn's ``TfidfVectorizer`` fitted on all the
+documents at once (the transform is scikit-learn's, with the idf set from the counts);
+the one reading we choose is the ``max_features`` tie-break: among n-grams of equal
+corpus frequency the alphabetically first are kept (scikit-learn's unstable sort leaves
+that order unspecified).  Chunk and partition sizes are derived from the text size,
+so they need no setting and do not change the result.
+
 Outputs in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, sorted indices),
 ``vocab.parquet`` (``term``, ``idf`` in feature-index order).
 """
@@ -15,21 +30,26 @@ Outputs in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, sorted indices)
 from __future__ import annotations
 
 import argparse
+import math
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from . import io
-from .stage import add_common_args, cli_main, stage_run
+from .stage import StageError, add_common_args, cli_main, stage_run
 
 SPLITS = ("train", "valid", "test")
+CHUNK_BYTES = 16 << 20        # text per counting / transform chunk
+PARTITION_BYTES = 64 << 20    # text per spill partition: bounds one partition's distinct n-grams
 
 
-def make_vectorizer(params: dict[str, Any]):
+def make_vectorizer(params: dict[str, Any], vocabulary=None):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     lo, hi = params.get("ngram_range", [1, 2])
@@ -41,16 +61,155 @@ def make_vectorizer(params: dict[str, Any]):
         lowercase=bool(params.get("lowercase", True)),
         norm="l2",
         dtype=np.float32,
+        vocabulary=vocabulary,
     )
 
 
+class _Spill:
+    """Per-partition Arrow tables of (term, df, tf) counts: in memory for one partition,
+    else appended to one Arrow IPC file per partition under ``folder``."""
+
+    def __init__(self, n_partitions: int, folder: Path):
+        self.n, self.folder, self.writers, self.memory = n_partitions, folder, {}, []
+
+    def add(self, terms: np.ndarray, df: np.ndarray, tf: np.ndarray) -> None:
+        import pyarrow as pa
+
+        if self.n == 1:
+            self.memory.append(pa.table({"term": terms.tolist(), "df": df, "tf": tf}))
+            return
+        part = np.fromiter((hash(t) for t in terms), dtype=np.int64, count=len(terms)) % self.n
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(self.n + 1))
+        for p in range(self.n):
+            sel = order[bounds[p]:bounds[p + 1]]
+            if len(sel) == 0:
+                continue
+            table = pa.table({"term": terms[sel].tolist(), "df": df[sel], "tf": tf[sel]})
+            if p not in self.writers:
+                self.writers[p] = pa.ipc.new_file(self.folder / f"part-{p:05d}.arrow", table.schema)
+            self.writers[p].write_table(table)
+
+    def partitions(self):
+        """Each partition's counts, summed over the chunks: Arrow tables (term, df, tf)."""
+        import pyarrow as pa
+
+        for w in self.writers.values():
+            w.close()
+        for p in range(self.n):
+            if self.n == 1:
+                tables = self.memory
+            elif p in self.writers:
+                with pa.memory_map(str(self.folder / f"part-{p:05d}.arrow")) as src:
+                    tables = [pa.ipc.open_file(src).read_all()]
+            else:
+                continue
+            if not tables:
+                continue
+            summed = pa.concat_tables(tables).group_by("term").aggregate([("df", "sum"), ("tf", "sum")])
+            yield summed.rename_columns({"df_sum": "df", "tf_sum": "tf"}).select(["term", "df", "tf"])
+
+
+@dataclass
+class TfidfModel:
+    """The fitted vocabulary (alphabetical, scikit-learn's feature order) and idf."""
+
+    terms: np.ndarray
+    idf: np.ndarray
+    params: dict[str, Any]
+    n_docs: int
+
+    def vectorizer(self):
+        vec = make_vectorizer(self.params, vocabulary={t: i for i, t in enumerate(self.terms)})
+        vec.idf_ = self.idf
+        return vec
+
+    def transform_batches(self, batches: Iterable[list[str]]) -> sp.csr_matrix:
+        vec = self.vectorizer()
+        parts = [sp.csr_matrix(vec.transform(b), dtype=np.float32) for b in batches]
+        if not parts:
+            return sp.csr_matrix((0, len(self.terms)), dtype=np.float32)
+        X = sp.vstack(parts, format="csr", dtype=np.float32)
+        X.sort_indices()
+        return X
+
+
+def count_chunk(texts: list[str], params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk's n-grams (alphabetical) with their document and term frequencies."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    lo, hi = params.get("ngram_range", [1, 2])
+    cv = CountVectorizer(ngram_range=(int(lo), int(hi)), lowercase=bool(params.get("lowercase", True)), dtype=np.int64)
+    try:
+        X = cv.fit_transform(texts).tocsc()
+    except ValueError:                      # no n-gram at all in this chunk (empty texts)
+        return np.array([], dtype=object), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    df = np.diff(X.indptr).astype(np.int64)
+    tf = np.asarray(X.sum(axis=0)).ravel().astype(np.int64)
+    return cv.get_feature_names_out(), df, tf
+
+
+def select_vocabulary(counts, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Prune the summed (term, df, tf) tables by ``min_df``, cap at ``max_features`` (most
+    frequent first, ties alphabetical); return (terms alphabetical, their df)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    min_df = int(params.get("min_df", 2))
+    kept = [t.filter(pc.greater_equal(t.column("df"), min_df)) for t in counts]
+    kept = pa.concat_tables(kept) if kept else pa.table({"term": pa.array([], pa.string()), "df": pa.array([], pa.int64()),
+                                                          "tf": pa.array([], pa.int64())})
+    kept = kept.take(pc.sort_indices(kept, [("term", "ascending")]))   # UTF-8 byte order = code-point order = Python's
+    limit = params.get("max_features")
+    if limit is not None and kept.num_rows > int(limit):
+        tf = kept.column("tf").to_numpy()
+        keep = np.sort(np.argsort(-tf, kind="stable")[: int(limit)])
+        kept = kept.take(pa.array(keep))
+    return np.array(kept.column("term").to_pylist(), dtype=object), kept.column("df").to_numpy().astype(np.int64)
+
+
+def smoothed_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
+    """scikit-learn's smoothed idf, in float32 as its float32 vectorizer computes it:
+    ``ln((1 + n) / (1 + df)) + 1``."""
+    d = df.astype(np.float32) + np.float32(1.0)
+    return np.log((n_docs + 1) / d) + np.float32(1.0)
+
+
+def fit_streaming(batches: Iterable[list[str]], params: dict[str, Any], n_partitions: int = 1,
+                  spill_dir: str | Path | None = None, log=None) -> TfidfModel:
+    """Fit the vocabulary and idf over ``batches`` of texts (see the module docstring)."""
+    n_partitions = max(1, int(n_partitions))
+    with tempfile.TemporaryDirectory(prefix="tfidf-spill-", dir=spill_dir) as tmp:
+        spill = _Spill(n_partitions, Path(tmp))
+        n_docs = 0
+        for i, texts in enumerate(batches):
+            spill.add(*count_chunk(texts, params))
+            n_docs += len(texts)
+            if log:
+                log.info("tfidf counting: chunk %d, %d documents so far", i + 1, n_docs)
+        terms, df = select_vocabulary(spill.partitions(), params)
+    if len(terms) == 0:
+        raise ValueError(f"no n-gram reaches min_df = {params.get('min_df', 2)} in the {n_docs} training documents")
+    return TfidfModel(terms=terms, idf=smoothed_idf(df, n_docs), params=dict(params), n_docs=n_docs)
+
+
 def fit_transform(train_texts: list[str], other: dict[str, list[str]], params: dict[str, Any]):
-    """Fit on ``train_texts``; return (vectorizer, {"train": X, **{name: X}})."""
-    vec = make_vectorizer(params)
-    out = {"train": vec.fit_transform(train_texts)}
+    """In-memory convenience: fit on ``train_texts``; return (model, {"train": X, **{name: X}})."""
+    model = fit_streaming([train_texts], params)
+    out = {"train": model.transform_batches([train_texts])}
     for name, texts in other.items():
-        out[name] = vec.transform(texts)
-    return vec, out
+        out[name] = model.transform_batches([texts])
+    return model, out
+
+
+def _chunk_rows(paths: list[Path]) -> tuple[int, int]:
+    """(documents per chunk, spill partitions) from the text size of the Parquet files."""
+    rows = size = 0
+    for p in paths:
+        r, b = io.column_bytes(p, "text")
+        rows, size = rows + r, size + b
+    per_doc = max(1.0, size / max(1, rows))
+    return max(64, int(CHUNK_BYTES / per_doc)), max(1, math.ceil(size / PARTITION_BYTES))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,18 +227,27 @@ def main(argv: list[str] | None = None) -> None:
             d = mats["train"].shape[1]
             io.write_table(out / "vocab.parquet", {"term": [str(i) for i in range(d)], "idf": np.ones(d, np.float32)})
         else:
-            texts = {s: io.read_table(src / f"docs_{s}.parquet", ["text"]).column("text").to_pylist() for s in SPLITS}
-            st.log.info("fitting TF-IDF on %d train+valid documents", len(texts["train"]) + len(texts["valid"]))
+            files = {s: src / f"docs_{s}.parquet" for s in SPLITS}
+            out.mkdir(parents=True, exist_ok=True)
+            chunk, n_parts = _chunk_rows([files["train"], files["valid"]])
+
+            def batches(*splits):
+                for s in splits:
+                    yield from io.iter_column(files[s], "text", chunk)
+
+            st.log.info("fitting TF-IDF on the train+valid documents in chunks of %d documents, %d spill partition(s)",
+                        chunk, n_parts)
             with st.timed("fit"):
-                vec, mats = fit_transform(texts["train"] + texts["valid"], {}, st.params)
+                try:
+                    model = fit_streaming(batches("train", "valid"), st.params, n_parts, spill_dir=out, log=st.log)
+                except ValueError as e:
+                    raise StageError(f"{files['train']}: {e}") from None
+            with st.timed("transform"):
+                mats = {s: model.transform_batches(batches(s)) for s in ("train", "valid")}
             t0 = time.perf_counter()
-            mats["test"] = vec.transform(texts["test"])
-            st.online_cost(time.perf_counter() - t0, len(texts["test"]))
-            n_tr = len(texts["train"])
-            full = mats.pop("train")
-            mats = {"train": full[:n_tr], "valid": full[n_tr:], "test": mats["test"]}
-            vocab = vec.get_feature_names_out()
-            io.write_table(out / "vocab.parquet", {"term": vocab.astype(str), "idf": vec.idf_.astype(np.float32)})
+            mats["test"] = model.transform_batches(batches("test"))
+            st.online_cost(time.perf_counter() - t0, mats["test"].shape[0])
+            io.write_table(out / "vocab.parquet", {"term": model.terms.astype(str), "idf": model.idf.astype(np.float32)})
         for s in SPLITS:
             io.save_csr(out / f"X_{s}.npz", sp.csr_matrix(mats[s], dtype=np.float32))
             st.metric(f"nnz_per_doc_{s}", mats[s].nnz / max(1, mats[s].shape[0]))
