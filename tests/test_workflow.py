@@ -2,8 +2,10 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,9 +158,25 @@ NEURAL_TINY = {
 }
 
 
+NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
+                  "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
+                  "results/toy/elias-ensemble.json"]
+
+
+@pytest.fixture(scope="module")
+def neural_toy_run(tmp_path_factory):
+    """The toy's neural targets run once through the DAG: MiniLM, 16 tokens, a few steps; read by
+    the end-to-end test and copied by the guard test (which then needs only its matcher job)."""
+    tmp = tmp_path_factory.mktemp("toy-neural")
+    _toy(tmp)
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
+    _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=over)
+    return tmp
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_neural_targets_end_to_end_with_minilm(tmp_path):
+def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     """X-Transformer (two Table 5 variants, the paper's candidates, the validation table) and ELIAS++
     (alone and ensembled over two clustering seeds) through the DAG: MiniLM, 16 tokens, a few steps.
 
@@ -167,12 +185,7 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
     X-Transformer ensemble over indexings (test_wiki500k_elias_paper_plan_has_gpu_training_rules);
     both ensembles run the same ``xmc_steps.ensemble`` stage, which elias-ensemble runs here.
     """
-    _toy(tmp_path)
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
-    targets = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
-               "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
-               "results/toy/elias-ensemble.json"]
-    _run(tmp_path, *targets, "results/toy/xtransformer-selection.md", overrides=over)
+    tmp_path, targets = neural_toy_run, NEURAL_TARGETS
     for t in targets:
         res = json.loads((tmp_path / t).read_text())
         # the toy's labels are written in its words: a method that learned nothing (chance is
@@ -212,14 +225,25 @@ def test_neural_targets_end_to_end_with_minilm(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
+def test_matcher_guard_stops_a_matcher_that_learned_nothing(neural_toy_run, tmp_path):
     """A matcher that cannot learn (a learning rate of 1e-12, a random head) fails its stage with
-    the numbers and the config keys to change; no matcher output is left, the checkpoint is."""
-    _toy(tmp_path)
+    the numbers and the config keys to change; no matcher output is left, the checkpoint is.
+
+    Runs in a copy of the neural run's folder (Snakemake's records included), so only the
+    matcher job runs again: its parameters changed, everything upstream is up to date."""
+    tmp_path = tmp_path / "run"
+    shutil.copytree(neural_toy_run, tmp_path, symlinks=True)
+    shutil.rmtree(tmp_path / "logs" / "matcher")
+    for ck in (tmp_path / "results" / "toy" / "xtransformer").glob("*/*/*/matcher/checkpoints"):
+        shutil.rmtree(ck)                       # the neural run's checkpoints are not this matcher's
+    (tmp_path / "results" / "toy" / "xtransformer.json").unlink()
     tiny = {k: v for k, v in NEURAL_TINY.items() if k == "xtransformer"}
     tiny = json.loads(json.dumps(tiny))
     tiny["xtransformer"]["matcher"].update(allow_weak=False, lr=1e-12, lr_head=1e-12, head_init="random", steps=2)
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}}}
+    # the same data folder as the neural run: a different path to the inputs would rerun everything
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}},
+            "data_dir": str(neural_toy_run / "data")}
+    started = time.time()
     r = _run(tmp_path, "results/toy/xtransformer.json", overrides=over, check=False)
     assert r.returncode != 0
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
@@ -229,10 +253,13 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(tmp_path):
     assert not (mdir / "model.safetensors").exists() and not (mdir / "guard.json").exists()
     assert list((mdir / "checkpoints").glob("step-*"))
     assert not (tmp_path / "results" / "toy" / "xtransformer.json").exists()
+    ran = [p.parent.name for p in (tmp_path / "logs").glob("*/*.log") if p.stat().st_mtime > started]
+    assert "matcher" in ran and not set(ran) & {"ingest", "tfidf", "tokenize", "label_embedding", "cluster",
+                                                "xtransformer_linear_train", "xtransformer_linear_clusters"}, ran
     # allow_weak lets the same matcher job go on, from the kept checkpoint (no training again);
     # the stages after it are the neural DAG test's
     tiny["xtransformer"]["matcher"]["allow_weak"] = True
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}}}
+    over["datasets"]["toy"].update(tiny)
     _run(tmp_path, str((mdir / "guard.json").relative_to(tmp_path)), overrides=over)
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
     assert "training already complete" in log and "continuing: xtransformer.matcher.allow_weak is true" in log
