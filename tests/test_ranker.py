@@ -135,3 +135,33 @@ def test_params_roundtrip_and_validation():
         RankerParams.from_dict({"Cee": 1})
     with pytest.raises(ValueError):
         RankerParams(negatives="random")
+
+
+def _with_64bit_indices(X):
+    X = sp.csr_matrix(X, copy=True)
+    X.indices, X.indptr = X.indices.astype(np.int64), X.indptr.astype(np.int64)
+    return X
+
+
+def test_liblinear_csr_converts_64bit_indices():
+    """scipy stores matrices above 2^31 non-zeros with 64-bit indices (kept by slicing), which
+    liblinear rejects: a cluster's subset is handed over with 32-bit indices, same content."""
+    from xmc_steps.ranker import liblinear_csr
+
+    X, Y = _separable(4)
+    X64 = _with_64bit_indices(X)
+    assert X64.indices.dtype == np.int64
+    X32 = liblinear_csr(X64)
+    assert X32.indices.dtype == np.int32 and X32.indptr.dtype == np.int32 and (X32 != X).nnz == 0
+    assert liblinear_csr(X) is X
+    W = train_rankers(X, Y, np.arange(Y.shape[1]) % 2, None, {"threshold": 0.0})
+    assert (W != train_rankers(X64, Y, np.arange(Y.shape[1]) % 2, None, {"threshold": 0.0})).nnz == 0
+
+
+def test_rankers_name_a_cluster_too_large_for_liblinear(monkeypatch):
+    import xmc_steps.ranker as ranker
+
+    monkeypatch.setattr(ranker, "LIBLINEAR_MAX_NNZ", 10)
+    X, Y = _separable(5)
+    with pytest.raises(ValueError, match=r"cluster 0's \d+ training instances hold [\d,]+ non-zeros, more than liblinear"):
+        train_rankers(_with_64bit_indices(X), Y, np.zeros(Y.shape[1], int), None, {"threshold": 0.0})

@@ -101,6 +101,24 @@ def append_bias(X: sp.spmatrix, bias: float = 1.0) -> sp.csr_matrix:
     return out
 
 
+LIBLINEAR_MAX_NNZ = 2**31 - 1   # liblinear (through scikit-learn) takes 32-bit sparse indices only
+
+
+def liblinear_csr(Xs: sp.csr_matrix, what: str = "a cluster's training instances") -> sp.csr_matrix:
+    """``Xs`` with 32-bit ``indices``/``indptr``, as liblinear requires.  scipy switches a matrix
+    to 64-bit indices above 2^31 non-zeros (and keeps them in every slice of it), so at
+    Wiki-500K's size the full feature matrix is 64-bit while each cluster's instance subset
+    fits 32 bits: it is converted here.  A subset that itself exceeds 2^31 non-zeros cannot
+    be solved by liblinear: a clear error says so."""
+    if Xs.nnz > LIBLINEAR_MAX_NNZ:
+        raise ValueError(f"{what} hold {Xs.nnz:,} non-zeros, more than liblinear's 32-bit indices address "
+                         f"({LIBLINEAR_MAX_NNZ:,}): use more clusters (a smaller cluster leaf_size) or a "
+                         "negative sampling that restricts each cluster to its own instances (tfn, man)")
+    if Xs.indices.dtype == np.int32 and Xs.indptr.dtype == np.int32:
+        return Xs
+    return sp.csr_matrix((Xs.data, Xs.indices.astype(np.int32), Xs.indptr.astype(np.int32)), shape=Xs.shape)
+
+
 def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndarray, float]:
     """One squared-hinge SVM; returns (feature weights, bias weight)."""
     from sklearn.exceptions import ConvergenceWarning
@@ -198,6 +216,7 @@ def train_rankers(
                                shape=(len(rows), len(feat)))
         else:
             feat = np.arange(d)
+        Xs = liblinear_csr(Xs, f"cluster {k}'s {len(rows):,} training instances")
         feat_b = np.append(feat, d)  # + the bias row
         for j in range(len(labels)):
             if len(rows) == 0:
