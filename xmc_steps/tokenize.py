@@ -19,18 +19,32 @@ from . import encoders, io
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 SPLITS = ("train", "valid", "test")
+BATCH = 2048   # documents per tokenizer call, read from Parquet batch by batch
 
 
-def tokenize(texts: list[str], tokenizer, max_length: int, batch_size: int = 2048, progress=None) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(texts), max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
-    lengths = np.zeros(len(texts), dtype=np.int32)
-    for a in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[a:a + batch_size], truncation=True, max_length=max_length, padding=False)["input_ids"]
+def tokenize(texts, tokenizer, max_length: int, batch_size: int = 2048, progress=None,
+             n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and lengths of ``texts``: a list, or an iterable of batches (lists) of ``n``
+    texts in all, so a split is never held in memory as Python strings (Wiki-500K's
+    training split is gigabytes of text); only the N x ``max_length`` ids are."""
+    if n is None:
+        n, whole = len(texts), texts
+        texts = (whole[a:a + batch_size] for a in range(0, n, batch_size))
+    ids = np.full((n, max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
+    lengths = np.zeros(n, dtype=np.int32)
+    a = 0
+    for batch in texts:
+        if a + len(batch) > n:
+            raise ValueError(f"more than the {n} documents announced")
+        enc = tokenizer(list(batch), truncation=True, max_length=max_length, padding=False)["input_ids"]
         for i, row in enumerate(enc, start=a):
             ids[i, : len(row)] = row
             lengths[i] = len(row)
+        a += len(batch)
         if progress:
-            progress(min(a + batch_size, len(texts)), len(texts))
+            progress(a, n)
+    if a != n:
+        raise ValueError(f"{a} documents read, {n} announced")
     return ids, lengths
 
 
@@ -53,12 +67,13 @@ def main(argv: list[str] | None = None) -> None:
         check_max_length(encoder, max_length)
         tok = encoders.load_tokenizer(encoder)
         for s in SPLITS:
-            texts = io.read_table(src / f"docs_{s}.parquet", ["text"]).column("text").to_pylist()
+            path = src / f"docs_{s}.parquet"
+            n, _ = io.column_bytes(path, "text")
             t0 = time.perf_counter()
-            ids, lengths = tokenize(texts, tok, max_length,
+            ids, lengths = tokenize(io.iter_column(path, "text", BATCH), tok, max_length, n=n,
                                     progress=lambda d, n, s=s: st.log.info("%s: %d/%d documents", s, d, n))
             if s == "test":
-                st.online_cost(time.perf_counter() - t0, len(texts))
+                st.online_cost(time.perf_counter() - t0, n)
             io.save_arrays(out / f"tokens_{s}.npz", input_ids=ids, lengths=lengths)
             st.metric(f"truncated_fraction_{s}", float((lengths >= max_length).mean()) if len(lengths) else 0.0)
             st.output(f"tokens_{s}", out / f"tokens_{s}.npz")
