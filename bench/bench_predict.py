@@ -2,7 +2,7 @@
 code at an earlier git revision, in one run (compare the ratios; the machine is shared):
 
     python bench/bench_predict.py [--dataset yso50k] [--docs 2000] [--baseline REV] [--threads 1] \
-        [--pecos ~/pecos-venv/bin/python]
+        [--pecos ~/pecos-venv/bin/python] [--batch-sizes 1 256] [--docs-batch1 200]
 
 Times, on the first ``--docs`` test documents: xr-linear's beam search
 (``results/<d>/xr-linear/model``) and the X-Transformer rankers' Eq. 2 over the union
@@ -10,7 +10,12 @@ candidates (the first ``ranker-*`` model under ``results/<d>/xtransformer/``, wi
 test clusters and embeddings), and with ``--baseline REV`` the same calls with
 ``xmc_steps/xr_linear.py`` as it was at ``REV`` (loaded from git into its own module).
 Prints one JSON object per (model, code): seconds, ms/document, and whether the predictions
-equal the current code's (to 1e-5).  ``--pecos PYTHON`` also runs ``bench/pecos_reference.py``
+equal the current code's (to 1e-5).  ``--batch-sizes`` also times every method called on
+batches of that many documents (batch 1: one call per document, on the first
+``--docs-batch1`` documents): xr-linear, parabel (``results/<d>/parabel/model``), the
+X-Transformer rankers, the matcher's encoder pass over the test tokens (the online half of
+X-Transformer), and ELIAS (encoder + index + classifier, ``results/<d>/elias/*/*/stage2``);
+each with the batch's ms/document.  ``--pecos PYTHON`` also runs ``bench/pecos_reference.py``
 (the reference library's XR-Linear, fit on the same features) with that interpreter and prints
 xr-linear's ms/document ratio against it.
 """
@@ -44,6 +49,66 @@ def _old_xr_linear(rev: str):
     return mod
 
 
+def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
+    """(name, fn(start, stop)) for each trained model of the dataset: fn predicts rows start:stop."""
+    from xmc_steps import io, neural
+
+    X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[:n] if (root / "features" / "tfidf").is_dir() else None
+    if (root / "xr-linear" / "model").is_dir():
+        m = xr_linear.XRLinearModel.load(root / "xr-linear" / "model")
+        yield "xr-linear", lambda i, j: m.predict(X[i:j], beam=10, topk=100)
+    if (root / "parabel" / "model" / "omikuji").exists():
+        import omikuji
+
+        from xmc_steps import parabel
+
+        om = omikuji.Model.load(str(root / "parabel" / "model" / "omikuji"))
+        L = io.read_table(root / "ingest" / "labels.parquet", ["label_id"]).num_rows
+        yield "parabel", lambda i, j: parabel.predict(om, X[i:j], topk=100, beam=10, n_labels=L)
+    rankers = sorted(root.glob("xtransformer/*/*/*/ranker-*/model"))
+    if rankers:
+        from xmc_steps import matcher
+
+        rdir = rankers[0]
+        mdir = rdir.parents[1] / "matcher"
+        lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
+        W, C, p, _ = xtransformer.load(rdir)
+        emb = io.load_arrays(mdir / "emb_test.npz")["emb"][:n]
+        G0 = io.load_csr(mdir / "clusters_test.npz")[:n]
+        L0 = io.load_csr(lin_test)[:n] if lin_test is not None and p.candidates != "matcher" else None
+        head = xtransformer.load_head(mdir / "model.safetensors")
+
+        def rank(i, j):
+            cand = xtransformer.candidate_clusters(G0[i:j], None if L0 is None else L0[i:j], p.candidates, p.topb)
+            G = xtransformer.matcher_scores(cand, emb[i:j], head)
+            return xtransformer.predict(xtransformer.ranker_features(X[i:j], emb[i:j], p.ranker_input, p.neural_weight),
+                                        W, C, G, p)
+        yield f"xtransformer rankers ({rdir.parent.name})", rank
+        tok = next(root.glob("features/tokens/*/tokens_test.npz"), None)
+        if tok is not None:
+            mm = matcher.load_matcher(mdir)
+            t = neural.TokenData.load(tok)
+            t = neural.TokenData(t.input_ids[:n], t.lengths[:n])
+
+            def encode(i, j, t=t):
+                return matcher.predict_clusters(mm, neural.TokenData(t.input_ids[i:j], t.lengths[i:j]), p.topb,
+                                                device="cpu", progress=None)
+            yield "xtransformer matcher encoder", encode
+    stage2 = sorted(root.glob("elias/*/*/stage2/model.safetensors"))
+    if stage2:
+        from xmc_steps import elias
+
+        folder = stage2[0].parent
+        em = elias.load_elias(folder)
+        maxlen = folder.parent.name.rsplit("-", 1)[-1]
+        t = neural.TokenData.load(next(root.glob(f"features/tokens/*-{maxlen}/tokens_test.npz")))
+
+        def el(i, j, t=t):
+            return elias.predict(em, neural.TokenData(t.input_ids[i:j], t.lengths[i:j]), topk=100, device="cpu",
+                                 with_emb=False, progress=None)
+        yield "elias (encoder + index + classifier)", el
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="yso50k")
@@ -52,6 +117,8 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="git revision of xmc_steps/xr_linear.py to compare with")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pecos", default=None, help="python of a virtual environment with libpecos==1.2.8")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[], help="also time each method on batches of this size")
+    ap.add_argument("--docs-batch1", type=int, default=200, help="documents timed at batch size 1")
     a = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(v, str(a.threads))
@@ -107,6 +174,15 @@ def main() -> None:
             print(json.dumps({"dataset": a.dataset, "model": name, "code": code, "docs": n, "seconds": round(s, 3),
                               "ms_per_doc": round(1000 * s / n, 3),
                               "equal_to_current": bool(d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
+    for b in a.batch_sizes:
+        n_docs = min(a.docs, a.docs_batch1) if b == 1 else a.docs
+        for name, fn in _batched_jobs(root, n_docs, xr_linear, xtransformer):
+            t0 = time.perf_counter()
+            for start in range(0, n_docs, b):
+                fn(start, min(n_docs, start + b))
+            s = time.perf_counter() - t0
+            print(json.dumps({"dataset": a.dataset, "model": name, "batch": b, "docs": n_docs, "seconds": round(s, 3),
+                              "ms_per_doc": round(1000 * s / n_docs, 3)}), flush=True)
     if a.pecos:
         r = subprocess.run([a.pecos, str(ROOT / "bench" / "pecos_reference.py"), "--results", a.results, "--dataset",
                             a.dataset, "--docs", str(a.docs), "--threads", str(a.threads)],

@@ -197,7 +197,7 @@ def _load(model: str | Path):
     meta = io.read_json(Path(model) / "ranker.json")
     if meta.get("format") != FORMAT:
         raise StageError(f"{model}: not an ELIAS++ ranker")
-    return io.load_csr(Path(model) / "W.npz"), meta
+    return sp.csc_matrix(io.load_csr(Path(model) / "W.npz")), meta   # the scorer's layout, once
 
 
 def label_train_freq(model: str | Path) -> np.ndarray:

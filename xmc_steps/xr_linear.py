@@ -181,12 +181,15 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
             Wsub, local = Wc, idx
         else:
             Wsub = Wc[:, cols]
-        Z = (Xa[r0:r1] @ Wsub).tocsr()
+        # (W^T X^T): the CSC weights transposed are CSR for free, so only the batch's rows change
+        # layout; X @ W would convert the weight columns to CSR on every call (most of a
+        # one-document prediction)
+        Zt = (Wsub.T @ Xa[r0:r1].T).tocsr()                          # labels x rows
         rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
         if (r1 - r0) * Wsub.shape[1] <= dense_budget:
-            out[a:b] += Z.toarray()[rows, local]
+            out[a:b] += Zt.toarray()[local, rows]
         else:
-            out[a:b] += _gather(Z, rows, local)
+            out[a:b] += _gather(Zt, local, rows)
     return out
 
 
@@ -204,6 +207,12 @@ def _gather(Z: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         return np.zeros(len(q), dtype=np.float32)
     pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
     return np.where(keys[pos] == q, Z.data[pos], 0).astype(np.float32)
+
+
+#: documents per beam search in prediction: each level's candidate block of that many rows stays
+#: small enough to gather from a dense array (yso-finna-sv-50k, 4,000 documents, 1 thread: 1.1-1.8
+#: ms/document at 256 against 3.3-4.0 at 8,192; debtags 0.45 against 0.57; bench/bench_predict.py)
+PREDICT_BATCH = 256
 
 
 def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hinge") -> Callable:
@@ -313,14 +322,16 @@ class XRLinearParams(Params):
 class XRLinearModel:
     """A :class:`ClusterTree` and one ranker matrix per level (``W[t]``: ``(d+1) x n_{t+1}``)."""
 
-    def __init__(self, tree: ClusterTree, W: list[sp.csr_matrix], params: XRLinearParams | None = None):
+    def __init__(self, tree: ClusterTree, W: list[sp.spmatrix], params: XRLinearParams | None = None):
         if len(W) != tree.depth:
             raise ValueError(f"need {tree.depth} weight matrices, got {len(W)}")
         for t, w in enumerate(W):
             if w.shape[1] != tree.level_sizes[t + 1]:
                 raise ValueError(f"W[{t}] has {w.shape[1]} columns, level {t + 1} has {tree.level_sizes[t + 1]} nodes")
         self.tree = tree
-        self.W = [sp.csr_matrix(w, dtype=np.float32) for w in W]
+        # held in the layout the scorer reads (column slices per candidate set), converted once
+        # here rather than on every prediction call: at batch size 1 the conversion was most of it
+        self.W = [sp.csc_matrix(w, dtype=np.float32) for w in W]
         self.params = params or XRLinearParams()
 
     @property
@@ -371,8 +382,8 @@ class XRLinearModel:
 
     # -- prediction
     def predict(self, X: sp.spmatrix, beam: int = 10, topk: int = 100, transform: str | None = None,
-                batch_size: int = 8192) -> sp.csr_matrix:
-        """Beam search; CSR ``N x L`` with at most ``topk`` scores per row."""
+                batch_size: int = PREDICT_BATCH) -> sp.csr_matrix:
+        """Beam search; CSR ``N x L`` with at most ``topk`` scores per row, ``batch_size`` rows at a time."""
         X = sp.csr_matrix(X, dtype=np.float32)
         if X.shape[1] != self.n_features:
             raise ValueError(f"X has {X.shape[1]} features, the model {self.n_features}")
@@ -397,8 +408,13 @@ class XRLinearModel:
         T = self.tree.depth
         lev = T + level if level < 0 else level
         Xa = append_bias(X, self.params.bias)
-        return beam_search(self.tree.C[:lev], linear_scorer(Xa, self.W, transform or self.params.transform),
-                           X.shape[0], beam, max(beam, keep or beam))
+        kind = transform or self.params.transform
+        parts = [beam_search(self.tree.C[:lev], linear_scorer(Xa[r0:r0 + PREDICT_BATCH], self.W, kind),
+                             min(PREDICT_BATCH, X.shape[0] - r0), beam, max(beam, keep or beam))
+                 for r0 in range(0, X.shape[0], PREDICT_BATCH)]
+        if not parts:
+            return sp.csr_matrix((0, self.tree.level_sizes[lev]), dtype=np.float32)
+        return sp.vstack(parts, format="csr")
 
     # -- persistence
     def save(self, path) -> None:
