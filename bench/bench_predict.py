@@ -49,6 +49,24 @@ def _old_xr_linear(rev: str):
     return mod
 
 
+def _ranker_inputs(root: Path, n: int, xtransformer):
+    """The first X-Transformer ranker of the dataset and what it scores on the first ``n`` test
+    documents: (folder, matcher folder, W, C, params, embeddings, matcher clusters, linear clusters)."""
+    from xmc_steps import io
+
+    rankers = sorted(root.glob("xtransformer/*/*/*/ranker-*/model"))
+    if not rankers:
+        return None
+    rdir = rankers[0]
+    mdir = rdir.parents[1] / "matcher"
+    lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
+    W, C, p, _ = xtransformer.load(rdir)
+    emb = io.load_arrays(mdir / "emb_test.npz")["emb"][:n]
+    G0 = io.load_csr(mdir / "clusters_test.npz")[:n]
+    L0 = io.load_csr(lin_test)[:n] if lin_test is not None and p.candidates != "matcher" else None
+    return rdir, mdir, W, C, p, emb, G0, L0
+
+
 def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
     """(name, fn(start, stop)) for each trained model of the dataset: fn predicts rows start:stop."""
     from xmc_steps import io, neural
@@ -65,17 +83,11 @@ def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
         om = omikuji.Model.load(str(root / "parabel" / "model" / "omikuji"))
         L = io.read_table(root / "ingest" / "labels.parquet", ["label_id"]).num_rows
         yield "parabel", lambda i, j: parabel.predict(om, X[i:j], topk=100, beam=10, n_labels=L)
-    rankers = sorted(root.glob("xtransformer/*/*/*/ranker-*/model"))
-    if rankers:
+    ranker = _ranker_inputs(root, n, xtransformer)
+    if ranker:
         from xmc_steps import matcher
 
-        rdir = rankers[0]
-        mdir = rdir.parents[1] / "matcher"
-        lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
-        W, C, p, _ = xtransformer.load(rdir)
-        emb = io.load_arrays(mdir / "emb_test.npz")["emb"][:n]
-        G0 = io.load_csr(mdir / "clusters_test.npz")[:n]
-        L0 = io.load_csr(lin_test)[:n] if lin_test is not None and p.candidates != "matcher" else None
+        rdir, mdir, W, C, p, emb, G0, L0 = ranker
         head = xtransformer.load_head(mdir / "model.safetensors")
 
         def rank(i, j):
@@ -140,16 +152,10 @@ def main() -> None:
             mod_model = mod.XRLinearModel.load(lin_dir)
             return mod_model.predict(X, beam=10, topk=100)
         jobs.append(("xr-linear", X.shape[0], lin))
-    rankers = sorted(root.glob("xtransformer/*/*/*/ranker-*/model"))
-    if rankers:
-        rdir = rankers[0]
-        mdir = rdir.parents[1] / "matcher"
-        lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
-        W, C, p, meta = xtransformer.load(rdir)
+    ranker = _ranker_inputs(root, a.docs, xtransformer)
+    if ranker:
+        rdir, mdir, W, C, p, emb, G0, L0 = ranker
         X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
-        emb = io.load_arrays(mdir / "emb_test.npz")["emb"][: a.docs]
-        G0 = io.load_csr(mdir / "clusters_test.npz")[: a.docs]
-        L0 = io.load_csr(lin_test)[: a.docs] if lin_test is not None and p.candidates != "matcher" else None
         cand = xtransformer.candidate_clusters(G0, L0, p.candidates, p.topb)
         G = xtransformer.matcher_scores(cand, emb, xtransformer.load_head(mdir / "model.safetensors"))
         Xr = xtransformer.ranker_features(X, emb, p.ranker_input, p.neural_weight)
