@@ -136,19 +136,26 @@ class TfidfModel:
         return X
 
 
-def count_chunk(texts: list[str], params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One chunk's n-grams (alphabetical) with their document and term frequencies."""
-    from sklearn.feature_extraction.text import CountVectorizer
+def count_chunk(texts: list[str], analyze) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk's n-grams (in order of first appearance) with their document and term
+    frequencies; ``analyze`` is the vectorizer's analyzer (the same n-grams it would count).
+    Unsorted on purpose: only the n-grams that survive ``min_df`` are sorted, once."""
+    from array import array
 
-    lo, hi = params.get("ngram_range", [1, 2])
-    cv = CountVectorizer(ngram_range=(int(lo), int(hi)), lowercase=bool(params.get("lowercase", True)), dtype=np.int64)
-    try:
-        X = cv.fit_transform(texts).tocsc()
-    except ValueError:                      # no n-gram at all in this chunk (empty texts)
-        return np.array([], dtype=object), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    df = np.diff(X.indptr).astype(np.int64)
-    tf = np.asarray(X.sum(axis=0)).ravel().astype(np.int64)
-    return cv.get_feature_names_out(), df, tf
+    vocab: dict[str, int] = {}
+    get = vocab.setdefault
+    ids = array("q")
+    lens = np.zeros(len(texts), np.int64)
+    for i, doc in enumerate(texts):
+        grams = analyze(doc)
+        lens[i] = len(grams)
+        ids.extend([get(g, len(vocab)) for g in grams])
+    V = len(vocab)
+    term = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
+    tf = np.bincount(term, minlength=V)
+    pairs = np.unique(np.repeat(np.arange(len(texts), dtype=np.int64), lens) * max(V, 1) + term)
+    df = np.bincount(pairs % max(V, 1), minlength=V) if V else np.zeros(0, np.int64)
+    return np.array(list(vocab), dtype=object), df.astype(np.int64), tf.astype(np.int64)
 
 
 def select_vocabulary(counts, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -183,9 +190,10 @@ def fit_streaming(batches: Iterable[list[str]], params: dict[str, Any], n_partit
     n_partitions = max(1, int(n_partitions))
     with tempfile.TemporaryDirectory(prefix="tfidf-spill-", dir=spill_dir) as tmp:
         spill = _Spill(n_partitions, Path(tmp))
+        analyze = make_vectorizer(params).build_analyzer()
         n_docs = 0
         for i, texts in enumerate(batches):
-            spill.add(*count_chunk(texts, params))
+            spill.add(*count_chunk(texts, analyze))
             n_docs += len(texts)
             if log:
                 log.info("tfidf counting: chunk %d, %d documents so far", i + 1, n_docs)
