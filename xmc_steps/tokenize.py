@@ -10,6 +10,7 @@ encoder's position limit is an error before anything is tokenized.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from .stage import StageError, add_common_args, cli_main, stage_run
 
 SPLITS = ("train", "valid", "test")
 BATCH = 2048   # documents per tokenizer call, read from Parquet batch by batch
+
+
+_WORD = re.compile(r"\S+")
+
+
+def head_words(text: str, n_words: int) -> str:
+    """``text`` up to (not including) its ``n_words + 1``-th whitespace-separated word.
+
+    Every word gives the tokenizer at least one token and no token spans whitespace (WordPiece,
+    byte-level BPE and SentencePiece all split there first), so ``n_words >= max_length`` words
+    hold every token that truncation keeps: the ids are the same as for the whole text, which a
+    Wiki-500K article (about 800 words) would otherwise tokenize in full to keep 64 tokens.
+    Words the normaliser removes entirely (control, zero-width characters) give no token:
+    :func:`tokenize` tokenizes a cut text whole again when its head did not fill ``max_length``."""
+    for i, m in enumerate(_WORD.finditer(text)):
+        if i == n_words:
+            return text[:m.start()]
+    return text
 
 
 def tokenize(texts, tokenizer, max_length: int, batch_size: int = 2048, progress=None,
@@ -36,7 +55,16 @@ def tokenize(texts, tokenizer, max_length: int, batch_size: int = 2048, progress
     for batch in texts:
         if a + len(batch) > n:
             raise ValueError(f"more than the {n} documents announced")
-        enc = tokenizer(list(batch), truncation=True, max_length=max_length, padding=False)["input_ids"]
+        batch = list(batch)
+        heads = [head_words(t, max_length) for t in batch]
+        enc = tokenizer(heads, truncation=True, max_length=max_length, padding=False)["input_ids"]
+        # a cut text that did not fill max_length had words without tokens (control or
+        # zero-width characters the normaliser drops): those rows are tokenized whole
+        redo = [j for j, (h, t, row) in enumerate(zip(heads, batch, enc)) if len(row) < max_length and len(h) < len(t)]
+        if redo:
+            for j, row in zip(redo, tokenizer([batch[j] for j in redo], truncation=True, max_length=max_length,
+                                              padding=False)["input_ids"]):
+                enc[j] = row
         for i, row in enumerate(enc, start=a):
             ids[i, : len(row)] = row
             lengths[i] = len(row)
