@@ -151,7 +151,14 @@ def row_ranks(M: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ``order`` the entry positions sorted row by row, best first (ties -> lower column), and
     ``rank`` the place within its row of each entry of that order (0 = best)."""
     rows = np.repeat(np.arange(M.shape[0], dtype=np.int64), np.diff(M.indptr))
-    order = np.lexsort((M.indices, -M.data, rows))
+    if M.data.dtype == np.float32 and M.has_sorted_indices and M.shape[0] < 2**31:
+        # one int64 key per entry, (row, descending score), sorted stably: the column order
+        # of a row with sorted indices breaks ties, as the three-key lexsort below does
+        b = (M.data + np.float32(0.0)).view(np.int32).astype(np.int64)      # + 0.0: -0.0 -> 0.0
+        b = np.where(b < 0, b ^ 0x7FFFFFFF, b)                              # float order as integers
+        order = np.argsort((rows << 32) + (0x7FFFFFFF - b), kind="stable")
+    else:
+        order = np.lexsort((M.indices, -M.data, rows))
     rank = np.arange(M.nnz, dtype=np.int64) - M.indptr[:-1].astype(np.int64)[rows]
     return rows, order, rank
 
