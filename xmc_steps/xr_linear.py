@@ -381,40 +381,36 @@ class XRLinearModel:
         return cls(tree, W, p)
 
     # -- prediction
-    def predict(self, X: sp.spmatrix, beam: int = 10, topk: int = 100, transform: str | None = None,
+    def _search(self, X: sp.spmatrix, levels: int, beam: int, keep: int, transform: str | None,
                 batch_size: int = PREDICT_BATCH) -> sp.csr_matrix:
-        """Beam search; CSR ``N x L`` with at most ``topk`` scores per row, ``batch_size`` rows at a time."""
+        """Beam search down the first ``levels`` levels, ``batch_size`` rows at a time; CSR with
+        at most ``keep`` scores per row, sorted indices."""
         X = sp.csr_matrix(X, dtype=np.float32)
-        if X.shape[1] != self.n_features:
-            raise ValueError(f"X has {X.shape[1]} features, the model {self.n_features}")
         kind = transform or self.params.transform
         Xa = append_bias(X, self.params.bias)
-        parts = []
-        for r0 in range(0, X.shape[0], batch_size):
-            Xb = Xa[r0:r0 + batch_size]
-            parts.append(beam_search(self.tree.C, linear_scorer(Xb, self.W, kind), Xb.shape[0], beam, topk))
+        parts = [beam_search(self.tree.C[:levels], linear_scorer(Xa[r0:r0 + batch_size], self.W, kind),
+                             min(batch_size, X.shape[0] - r0), beam, keep)
+                 for r0 in range(0, X.shape[0], batch_size)]
         if not parts:
-            return sp.csr_matrix((0, self.n_labels), dtype=np.float32)
+            return sp.csr_matrix((0, self.tree.level_sizes[levels]), dtype=np.float32)
         out = sp.vstack(parts, format="csr")
         out.sort_indices()
         return out
+
+    def predict(self, X: sp.spmatrix, beam: int = 10, topk: int = 100, transform: str | None = None,
+                batch_size: int = PREDICT_BATCH) -> sp.csr_matrix:
+        """Beam search; CSR ``N x L`` with at most ``topk`` scores per row, ``batch_size`` rows at a time."""
+        if X.shape[1] != self.n_features:
+            raise ValueError(f"X has {X.shape[1]} features, the model {self.n_features}")
+        return self._search(X, self.tree.depth, beam, topk, transform, batch_size)
 
     def predict_clusters(self, X: sp.spmatrix, level: int = -1, beam: int = 10, transform: str | None = None,
                          keep: int | None = None) -> sp.csr_matrix:
         """Top-``beam`` nodes at cluster ``level`` (default the finest): the matcher output.
         ``keep`` (>= ``beam``) keeps that many of the last level's candidates instead; their
         first ``beam`` are the top-``beam`` (the same search, a longer list)."""
-        X = sp.csr_matrix(X, dtype=np.float32)
-        T = self.tree.depth
-        lev = T + level if level < 0 else level
-        Xa = append_bias(X, self.params.bias)
-        kind = transform or self.params.transform
-        parts = [beam_search(self.tree.C[:lev], linear_scorer(Xa[r0:r0 + PREDICT_BATCH], self.W, kind),
-                             min(PREDICT_BATCH, X.shape[0] - r0), beam, max(beam, keep or beam))
-                 for r0 in range(0, X.shape[0], PREDICT_BATCH)]
-        if not parts:
-            return sp.csr_matrix((0, self.tree.level_sizes[lev]), dtype=np.float32)
-        return sp.vstack(parts, format="csr")
+        lev = self.tree.depth + level if level < 0 else level
+        return self._search(X, lev, beam, max(beam, keep or beam), transform)
 
     # -- persistence
     def save(self, path) -> None:
