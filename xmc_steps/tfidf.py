@@ -36,6 +36,7 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -121,13 +122,15 @@ class TfidfModel:
     params: dict[str, Any]
     n_docs: int
 
+    @cached_property
     def vectorizer(self):
+        """scikit-learn's vectorizer on this vocabulary and idf, built once for every split."""
         vec = make_vectorizer(self.params, vocabulary={t: i for i, t in enumerate(self.terms)})
         vec.idf_ = self.idf
         return vec
 
     def transform_batches(self, batches: Iterable[list[str]]) -> sp.csr_matrix:
-        vec = self.vectorizer()
+        vec = self.vectorizer
         parts = [sp.csr_matrix(vec.transform(b), dtype=np.float32) for b in batches]
         if not parts:
             return sp.csr_matrix((0, len(self.terms)), dtype=np.float32)
