@@ -190,6 +190,8 @@ def train_rankers(
     # the solver wants float64: a full-size copy only when every label trains on every instance;
     # with a mask each cluster converts just its own rows
     X64 = X.astype(np.float64) if mask is None else None
+    if X64 is not None and X64.nnz <= LIBLINEAR_MAX_NNZ:
+        X64 = liblinear_csr(X64)    # 32-bit indices once, not again for every cluster
     Yc = sp.csc_matrix(Y)
     Yc.eliminate_zeros()
     groups = _groups(col, K)
