@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xmc_steps import config, metrics  # noqa: E402
-from xmc_steps.cluster import hierarchical_kmeans  # noqa: E402
+from xmc_steps.cluster_tree import hierarchical_kmeans  # noqa: E402
 from xmc_steps.datasets import locate  # noqa: E402
 from xmc_steps.ingest import ingest  # noqa: E402
 from xmc_steps import io  # noqa: E402

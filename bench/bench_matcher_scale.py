@@ -37,7 +37,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xmc_steps import io, matcher, neural  # noqa: E402
-from xmc_steps.cluster import hierarchical_kmeans  # noqa: E402
+from xmc_steps.cluster_tree import hierarchical_kmeans  # noqa: E402
 from xmc_steps.xr_linear import XRLinearModel, XRLinearParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

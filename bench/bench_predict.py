@@ -8,7 +8,8 @@ Times, on the first ``--docs`` test documents: xr-linear's beam search
 (``results/<d>/xr-linear/model``) and the X-Transformer rankers' Eq. 2 over the union
 candidates (the first ``ranker-*`` model under ``results/<d>/xtransformer/``, with the matcher's
 test clusters and embeddings), and with ``--baseline REV`` the same calls with
-``xmc_steps/xr_linear.py`` as it was at ``REV`` (loaded from git into its own module).
+the package ``xmc_steps`` as it was at ``REV`` (extracted from git and imported under a name
+of its own).
 Prints one JSON object per (model, code): seconds, ms/document, and whether the predictions
 equal the current code's (to 1e-5).  ``--batch-sizes`` also times every method called on
 batches of that many documents (batch 1: one call per document, on the first
@@ -36,17 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _old_xr_linear(rev: str):
-    src = subprocess.run(["git", "show", f"{rev}:xmc_steps/xr_linear.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "xr_linear_old.py"
-    src = src.replace("from . import", "from xmc_steps import").replace("from .", "from xmc_steps.")
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("xr_linear_old", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["xr_linear_old"] = mod          # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+def _package_at(rev: str) -> str:
+    """Import ``xmc_steps`` as it was at git revision ``rev`` (extracted to a temporary folder) under a
+    package name of its own; returns that name."""
+    tmp = Path(tempfile.mkdtemp())
+    tar = subprocess.run(["git", "archive", "--format=tar", rev, "xmc_steps"], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
+    name = "xmc_steps_at_" + "".join(ch if ch.isalnum() else "_" for ch in rev)
+    spec = importlib.util.spec_from_file_location(name, tmp / "xmc_steps" / "__init__.py",
+                                                  submodule_search_locations=[str(tmp / "xmc_steps")])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg          # its modules (and their dataclasses) look the package up there
+    spec.loader.exec_module(pkg)
+    return name
 
 
 def _ranker_inputs(root: Path, n: int, xtransformer):
@@ -83,17 +87,17 @@ def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
         om = omikuji.Model.load(str(root / "parabel" / "model" / "omikuji"))
         L = io.read_table(root / "ingest" / "labels.parquet", ["label_id"]).num_rows
         yield "parabel", lambda i, j: parabel.predict(om, X[i:j], topk=100, beam=10, n_labels=L)
-    ranker = _ranker_inputs(root, n, xtransformer)
-    if ranker:
-        from xmc_steps import matcher
+    inputs = _ranker_inputs(root, n, xtransformer)
+    if inputs:
+        from xmc_steps import matcher, ranker, search
 
-        rdir, mdir, W, C, p, emb, G0, L0 = ranker
+        rdir, mdir, W, C, p, emb, G0, L0 = inputs
         head = xtransformer.load_head(mdir / "model.safetensors")
 
         def rank(i, j):
             cand = xtransformer.candidate_clusters(G0[i:j], None if L0 is None else L0[i:j], p.candidates, p.topb)
-            G = xtransformer.matcher_scores(cand, emb[i:j], head)
-            return xtransformer.predict(xtransformer.ranker_features(X[i:j], emb[i:j], p.ranker_input, p.neural_weight),
+            G = search.matcher_scores(cand, emb[i:j], head)
+            return xtransformer.predict(ranker.ranker_features(X[i:j], emb[i:j], p.ranker_input, p.neural_weight),
                                         W, C, G, p)
         yield f"xtransformer rankers ({rdir.parent.name})", rank
         tok = next(root.glob("features/tokens/*/tokens_test.npz"), None)
@@ -126,7 +130,7 @@ def main() -> None:
     ap.add_argument("--dataset", default="yso50k")
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--docs", type=int, default=2000)
-    ap.add_argument("--baseline", default=None, help="git revision of xmc_steps/xr_linear.py to compare with")
+    ap.add_argument("--baseline", default=None, help="git revision of the package xmc_steps to compare with")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pecos", default=None, help="python of a virtual environment with libpecos==1.2.8")
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=[], help="also time each method on batches of this size")
@@ -134,45 +138,40 @@ def main() -> None:
     a = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(v, str(a.threads))
-    import numpy as np
     import scipy.sparse as sp
 
-    from xmc_steps import io, xr_linear, xtransformer
+    from xmc_steps import io, ranker, search, xr_linear, xtransformer
 
-    codes = {"current": xr_linear}
+    codes = {"current": "xmc_steps"}
     if a.baseline:
-        codes[a.baseline] = _old_xr_linear(a.baseline)
+        codes[a.baseline] = _package_at(a.baseline)
     root = Path(a.results) / a.dataset
     jobs = []
     lin_dir = root / "xr-linear" / "model"
     if lin_dir.is_dir():
         X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
 
-        def lin(mod, X=X):
-            mod_model = mod.XRLinearModel.load(lin_dir)
-            return mod_model.predict(X, beam=10, topk=100)
+        def lin(pkg, X=X):
+            model = importlib.import_module(f"{pkg}.xr_linear").XRLinearModel.load(lin_dir)
+            return model.predict(X, beam=10, topk=100)
         jobs.append(("xr-linear", X.shape[0], lin))
-    ranker = _ranker_inputs(root, a.docs, xtransformer)
-    if ranker:
-        rdir, mdir, W, C, p, emb, G0, L0 = ranker
+    inputs = _ranker_inputs(root, a.docs, xtransformer)
+    if inputs:
+        rdir, mdir, W, C, p, emb, G0, L0 = inputs
         X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
         cand = xtransformer.candidate_clusters(G0, L0, p.candidates, p.topb)
-        G = xtransformer.matcher_scores(cand, emb, xtransformer.load_head(mdir / "model.safetensors"))
-        Xr = xtransformer.ranker_features(X, emb, p.ranker_input, p.neural_weight)
+        G = search.matcher_scores(cand, emb, xtransformer.load_head(mdir / "model.safetensors"))
+        Xr = ranker.ranker_features(X, emb, p.ranker_input, p.neural_weight)
 
-        def rank(mod):
-            xtransformer.masked_product = mod.masked_product
-            try:
-                return xtransformer.predict(Xr, W, C, G, p)
-            finally:
-                xtransformer.masked_product = xr_linear.masked_product
+        def rank(pkg):
+            return importlib.import_module(f"{pkg}.xtransformer").predict(Xr, W, C, G, p)
         jobs.append((f"xtransformer {rdir.parent.name}", X.shape[0], rank))
     ours = None
     for name, n, fn in jobs:
         ref = None
-        for code, mod in codes.items():
+        for code, pkg in codes.items():
             t0 = time.perf_counter()
-            P = fn(mod)
+            P = fn(pkg)
             s = time.perf_counter() - t0
             ref = P if ref is None else ref
             ours = 1000 * s / n if (name, code) == ("xr-linear", "current") else ours

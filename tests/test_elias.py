@@ -8,7 +8,7 @@ import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import elias, io, neural
-from xmc_steps.cluster import ClusterTree
+from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
 
 

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from xmc_steps.elias_plus import (EliasPlusParams, apply_tree, calibration_features, candidates, fit_calibration,
                                   ranker_scores, train, uncalibrated_scores)
-from xmc_steps.xtransformer import ranker_features
+from xmc_steps.ranker import ranker_features
 
 
 def test_apply_tree_matches_sklearn():

@@ -42,7 +42,7 @@ def _write_toy(tmp_path, tiny, n=40, L=6, K=3, width=16):
         t = i % K
         texts.append(f"{words[t]} document {i} " + " ".join(rng.choice(words[t].split(), 3)))
         rows.append(sorted({t, t + K} if i % 2 else {t}))
-    from xmc_steps.tokenize import tokenize
+    from xmc_steps.encoders import tokenize
 
     ids, lengths = tokenize(texts, tok, width)
     Y = sp.lil_matrix((n, L), dtype=np.float32)
@@ -162,7 +162,7 @@ def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
 
 
 def test_cluster_assignment_from_csr_or_cluster_tree(tmp_path):
-    from xmc_steps.cluster import ClusterTree
+    from xmc_steps.cluster_tree import ClusterTree
 
     tree = ClusterTree.from_parents([np.zeros(3, dtype=np.int32), np.arange(6, dtype=np.int32) % 3])
     tree.save(tmp_path / "tree.npz")
@@ -192,7 +192,7 @@ def test_cluster_recall_frequency_baseline_and_guard():
 
 
 def test_head_linear_scores_are_the_mean_of_the_transformed_head_and_the_beam():
-    from xmc_steps.xr_linear import transform
+    from xmc_steps.search import transform
 
     emb = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
     W = np.array([[2.0, 0.0], [1.0, 0.5], [0.0, 0.0], [-1.0, 3.0]], np.float32)   # g = emb @ W.T
@@ -249,7 +249,7 @@ def test_guard_counts_what_the_matcher_adds_to_the_linear_trees_clusters():
 
 
 def test_topk_per_row_varying():
-    from xmc_steps.xr_linear import topk_per_row
+    from xmc_steps.search import topk_per_row
 
     M = sp.csr_matrix(np.array([[.1, .5, .3, 0], [.2, .2, 0, .9], [0, 0, 0, 0]], np.float32))
     T = topk_per_row(M, np.array([2, 1, 3]))

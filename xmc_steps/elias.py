@@ -943,7 +943,7 @@ def _train_main(args: argparse.Namespace) -> None:
             if stage == 1:
                 if not args.tree:
                     raise StageError("stage 1 needs --tree")
-                from .cluster import ClusterTree
+                from .cluster_tree import ClusterTree
 
                 try:
                     tree = ClusterTree.load(args.tree)

@@ -46,10 +46,9 @@ import scipy.sparse as sp
 
 from . import io
 from .params import Params
-from .ranker import RankerParams, append_bias, train_rankers
+from .ranker import RankerParams, append_bias, ranker_features, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
-from .xr_linear import masked_product, topk_per_row, transform
-from .xtransformer import ranker_features
+from .search import masked_product, topk_per_row, transform
 
 FORMAT = "xmc-elias-plus-v1"
 

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from . import io
 from .stage import StageError, add_common_args, cli_main, stage_run
-from .xr_linear import topk_per_row
+from .search import topk_per_row
 
 METHODS = ("average", "rank-average", "softmax-average", "sigmoid-average")
 

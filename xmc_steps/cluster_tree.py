@@ -1,0 +1,299 @@
+"""Balanced hierarchical spherical k-means: the semantic label index (X-Transformer §3.2).
+
+Algorithm (as the PECOS hierarchical k-means indexer with ``nr_splits = B``):
+
+1. Recursive *balanced spherical 2-means* on the label-embedding rows: a node's labels
+   are split in two exact halves (sizes ``ceil(n/2)`` and ``floor(n/2)``) by sorting the
+   difference of their cosine scores to the two unit-norm centroids; a few
+   iterations per node, seeded, stopping early when the split no longer changes.
+2. Binary splitting goes to depth ``D = max(1, ceil(log2(L / leaf_size)))`` so every
+   leaf is at depth ``D`` and holds about ``L / 2^D <= leaf_size`` labels.
+3. For branching factor ``B = 2^k`` the binary levels ``D, D-k, D-2k, ... (> 0)`` are kept
+   as the levels of the ``B``-ary tree (``L=572``, leaf 100, ``B=16`` gives one level of
+   8 clusters).  Empty nodes (possible only when ``leaf_size`` is tiny) are dropped.
+
+Memory: the embedding stays sparse; a node's two centroids are dense only over the
+columns that occur in that node's rows, so the cost is bounded by the node's nnz,
+never by ``L x d``.
+
+Tree layout (:class:`ClusterTree`)
+----------------------------------
+Levels are numbered ``0 .. T``: level 0 is the root (one node), levels ``1 .. T-1`` are
+the cluster levels from coarse to fine, level ``T`` is the labels.  ``C`` holds ``T``
+CSR 0/1 matrices; ``C[t]`` has shape ``(n_{t+1}, n_t)`` and maps each node at level
+``t+1`` to its parent at level ``t``.  So ``C[0]`` is ``n_1 x 1`` (every first-level
+cluster under the root) and ``C[-1]`` is ``L x n_{T-1}`` (label -> finest cluster).
+A linear/neural model has one scorer per matrix: scorer ``t`` ranks the nodes of level
+``t+1`` (the rows of ``C[t]``); the last scorer ranks labels.
+
+Helpers: ``tree.assignment(level)`` (label -> node id at ``level``, int array),
+``tree.label_to_cluster(level)`` (the same as an ``L x n_level`` CSR),
+``tree.leaf_assignment()`` (the flat K-cluster assignment a matcher uses,
+``K = n_{T-1}``), ``tree.parents(level)``.
+
+The stage that builds and saves the tree is :mod:`xmc_steps.cluster`.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import io
+
+FORMAT = "xmc-cluster-tree-v1"
+
+
+# --------------------------------------------------------------------------- tree
+
+
+def _parent_matrix(parent: np.ndarray, n_parent: int) -> sp.csr_matrix:
+    n = len(parent)
+    parent = np.asarray(parent)
+    if n and (parent.min() < 0 or parent.max() >= n_parent):
+        # scipy does not check column ids on construction, and a product with an
+        # out-of-range id writes past its buffers: refuse it here
+        raise ValueError(f"parent ids must lie in 0..{n_parent - 1}, got {int(parent.min())}..{int(parent.max())}")
+    return sp.csr_matrix(
+        (np.ones(n, dtype=np.float32), np.asarray(parent, dtype=np.int32), np.arange(n + 1, dtype=np.int64)),
+        shape=(n, n_parent),
+    )
+
+
+@dataclass
+class ClusterTree:
+    """A rooted tree over labels; see the module docstring for the layout of ``C``."""
+
+    C: list[sp.csr_matrix] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.C = [sp.csr_matrix(c, dtype=np.float32) for c in self.C]
+        self.validate()
+
+    # -- construction
+    @classmethod
+    def from_parents(cls, parents: list[np.ndarray]) -> "ClusterTree":
+        """Build from ``parents[t]`` = parent id (at level ``t``) of each node at level ``t+1``."""
+        C, n_prev = [], 1
+        for par in parents:
+            par = np.asarray(par, dtype=np.int64)
+            C.append(_parent_matrix(par, n_prev))
+            n_prev = len(par)
+        return cls(C)
+
+    @classmethod
+    def from_assignments(cls, assignments: list[np.ndarray]) -> "ClusterTree":
+        """Build from per-level label assignments, coarse to fine (each of length L).
+
+        ``assignments[j][l]`` is label ``l``'s node id at cluster level ``j+1``; ids are
+        compacted (empty ids dropped) and each level must nest inside the previous one.
+        """
+        if not assignments:
+            raise ValueError("need at least one cluster level")
+        L = len(assignments[0])
+        compact = []
+        for a in assignments:
+            a = np.asarray(a, dtype=np.int64)
+            if len(a) != L:
+                raise ValueError("all assignments must have length L")
+            _, inv = np.unique(a, return_inverse=True)
+            compact.append(inv.astype(np.int64))
+        parents = [np.zeros(int(compact[0].max()) + 1 if L else 0, dtype=np.int64)]
+        for coarse, fine in zip(compact[:-1], compact[1:]):
+            n_fine = int(fine.max()) + 1
+            par = np.full(n_fine, -1, dtype=np.int64)
+            par[fine] = coarse
+            # nesting check: every label of a fine node has the same coarse node
+            if np.any(par[fine] != coarse):
+                raise ValueError("cluster levels do not nest")
+            parents.append(par)
+        parents.append(compact[-1])
+        return cls.from_parents(parents)
+
+    def validate(self) -> None:
+        n_prev = 1
+        for t, c in enumerate(self.C):
+            if c.shape[1] != n_prev:
+                raise ValueError(f"C[{t}] has {c.shape[1]} columns, expected {n_prev}")
+            if np.any(np.diff(c.indptr) != 1):
+                raise ValueError(f"C[{t}]: every node needs exactly one parent")
+            if c.shape[0] and np.any(np.bincount(c.indices, minlength=c.shape[1]) == 0):
+                raise ValueError(f"C[{t}]: a node at level {t} has no children")
+            n_prev = c.shape[0]
+
+    # -- shape
+    @property
+    def depth(self) -> int:
+        """``T``: number of matrices in ``C`` (cluster levels + 1)."""
+        return len(self.C)
+
+    @property
+    def n_labels(self) -> int:
+        return self.C[-1].shape[0] if self.C else 0
+
+    @property
+    def level_sizes(self) -> list[int]:
+        """``[n_0 = 1, n_1, ..., n_T = L]``."""
+        return [1] + [c.shape[0] for c in self.C]
+
+    @property
+    def n_clusters(self) -> int:
+        """Number of finest clusters (``K`` of a matcher)."""
+        return self.C[-1].shape[1]
+
+    # -- navigation
+    def parents(self, level: int) -> np.ndarray:
+        """Parent id (at ``level - 1``) of every node at ``level`` (1 <= level <= T)."""
+        if not 1 <= level <= self.depth:
+            raise IndexError(f"level must be in 1..{self.depth}")
+        return self.C[level - 1].indices.astype(np.int64)
+
+    def assignment(self, level: int = -1) -> np.ndarray:
+        """Label -> node id at ``level`` (0 = root ... T = the label itself).
+
+        Negative levels count from the labels: ``-1`` is the finest cluster level.
+        """
+        T = self.depth
+        if level < 0:
+            level = T + level
+        if not 0 <= level <= T:
+            raise IndexError(f"level must be in 0..{T}")
+        a = np.arange(self.n_labels, dtype=np.int64)
+        for t in range(T, level, -1):
+            a = self.parents(t)[a]
+        return a
+
+    def leaf_assignment(self) -> np.ndarray:
+        """Label -> finest cluster id: the flat K-cluster assignment a matcher uses."""
+        return self.assignment(-1)
+
+    def label_to_cluster(self, level: int = -1) -> sp.csr_matrix:
+        """``L x n_level`` CSR 0/1 matrix of :meth:`assignment`."""
+        T = self.depth
+        lev = T + level if level < 0 else level
+        return _parent_matrix(self.assignment(lev), self.level_sizes[lev])
+
+    def cluster_sizes(self, level: int = -1) -> np.ndarray:
+        lev = self.depth + level if level < 0 else level
+        return np.bincount(self.assignment(lev), minlength=self.level_sizes[lev])
+
+    # -- persistence
+    def save(self, path) -> None:
+        arrays = {"format": np.array(FORMAT), "depth": np.array(self.depth)}
+        for t in range(1, self.depth + 1):
+            arrays[f"parent_{t}"] = self.parents(t).astype(np.int32)
+        io.save_arrays(path, **arrays)
+
+    @classmethod
+    def load(cls, path) -> "ClusterTree":
+        z = io.load_arrays(path)
+        if str(z.get("format", "")) != FORMAT:
+            raise ValueError(f"{path}: not a cluster tree file ({FORMAT})")
+        depth = int(z["depth"])
+        return cls.from_parents([z[f"parent_{t}"] for t in range(1, depth + 1)])
+
+
+# --------------------------------------------------------------------------- k-means
+
+
+def _local_columns(E: sp.csr_matrix) -> sp.csr_matrix:
+    """Re-index ``E``'s columns to those that occur (keeps per-node work nnz-bounded)."""
+    if E.nnz == 0:
+        return sp.csr_matrix((E.shape[0], 1), dtype=np.float32)
+    cols, inv = np.unique(E.indices, return_inverse=True)
+    return sp.csr_matrix((E.data, inv.astype(np.int32), E.indptr), shape=(E.shape[0], len(cols)))
+
+
+def balanced_2means(E: sp.csr_matrix, rng: np.random.Generator, max_iter: int = 20) -> np.ndarray:
+    """Balanced spherical 2-means of the rows of ``E`` (unit-norm rows expected).
+
+    Returns a 0/1 int8 array: ``ceil(n/2)`` rows in side 0 (those most similar to
+    centroid 0 relative to centroid 1) and ``floor(n/2)`` in side 1.
+    """
+    n = E.shape[0]
+    side = np.zeros(n, dtype=np.int8)
+    if n < 2:
+        return side
+    E = _local_columns(sp.csr_matrix(E, dtype=np.float32))
+    n0 = (n + 1) // 2
+    i0, i1 = rng.choice(n, size=2, replace=False)
+    cent = E[[i0, i1]].toarray()
+    prev = None
+    for _ in range(max(1, max_iter)):
+        diff = cent[0] - cent[1]
+        score = E @ diff
+        order = np.argsort(-score, kind="stable")
+        side = np.ones(n, dtype=np.int8)
+        side[order[:n0]] = 0
+        if prev is not None and np.array_equal(side, prev):
+            break
+        prev = side
+        ind = sp.csr_matrix((np.ones(n, np.float32), side.astype(np.int32), np.arange(n + 1)), shape=(n, 2))
+        cent = (ind.T @ E).toarray()
+        norms = np.linalg.norm(cent, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        cent /= norms
+    return side
+
+
+def tree_levels(n_labels: int, branching: int, leaf_size: int) -> tuple[int, list[int]]:
+    """Binary depth ``D`` and the binary levels kept for a ``branching``-ary tree (ascending)."""
+    if branching < 2 or branching & (branching - 1):
+        raise ValueError(f"branching factor must be a power of 2 (>= 2), got {branching}")
+    if leaf_size < 1:
+        raise ValueError(f"leaf size must be >= 1, got {leaf_size}")
+    D = max(1, math.ceil(math.log2(max(n_labels, 1) / leaf_size))) if n_labels > leaf_size else 1
+    k = int(round(math.log2(branching)))
+    levels = sorted(lv for lv in range(D, 0, -k))
+    return D, levels
+
+
+def hierarchical_kmeans(
+    emb: sp.spmatrix,
+    branching: int = 16,
+    leaf_size: int = 100,
+    seed: int = 0,
+    max_iter: int = 20,
+    threads: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> ClusterTree:
+    """Balanced hierarchical spherical k-means over the rows of ``emb`` (``L x d``)."""
+    emb = sp.csr_matrix(emb, dtype=np.float32)
+    L = emb.shape[0]
+    if L < 1:
+        raise ValueError("no labels to cluster")
+    D, keep = tree_levels(L, branching, leaf_size)
+    codes = np.zeros(L, dtype=np.int64)
+    kept: dict[int, np.ndarray] = {}
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    try:
+        for depth in range(D):
+            order = np.argsort(codes, kind="stable")
+            uniq, starts = np.unique(codes[order], return_index=True)
+            bounds = list(zip(starts, list(starts[1:]) + [L]))
+
+            def split(j: int, depth: int = depth, order=order, uniq=uniq, bounds=bounds):
+                a, b = bounds[j]
+                idx = order[a:b]
+                rng = np.random.default_rng([seed, depth, int(uniq[j])])
+                return idx, balanced_2means(emb[idx], rng, max_iter)
+
+            results = pool.map(split, range(len(uniq))) if pool else map(split, range(len(uniq)))
+            new = codes * 2
+            for idx, side in results:
+                new[idx] += side
+            codes = new
+            if depth + 1 in keep:
+                kept[depth + 1] = codes.copy()
+            if progress:
+                sizes = np.bincount(codes)
+                progress(f"depth {depth + 1}/{D}: {len(uniq) * 2} nodes, sizes {sizes.min()}..{sizes.max()}")
+    finally:
+        if pool:
+            pool.shutdown()
+    return ClusterTree.from_assignments([kept[lv] for lv in keep])
