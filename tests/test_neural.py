@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import encoders, neural
+from xmc_steps import encoders, neural, trainer
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,31 +33,31 @@ def test_device_and_autocast_on_cpu():
         x = torch.ones(2, 2) @ torch.ones(2, 2)
     assert x.dtype == torch.float32
     with pytest.raises(ValueError):
-        neural.TrainParams(amp="fp8")
+        trainer.TrainParams(amp="fp8")
 
 
 def test_train_params_json_roundtrip():
-    p = neural.TrainParams(steps=7, batch_size=3, grad_accum=2, lr=1e-4, warmup_steps=2, seed=5, amp="off")
-    q = neural.TrainParams.from_dict(json.loads(json.dumps(p.to_dict())))
+    p = trainer.TrainParams(steps=7, batch_size=3, grad_accum=2, lr=1e-4, warmup_steps=2, seed=5, amp="off")
+    q = trainer.TrainParams.from_dict(json.loads(json.dumps(p.to_dict())))
     assert q == p
     with pytest.raises(ValueError, match="unknown"):
-        neural.TrainParams.from_dict({"stepz": 3})
+        trainer.TrainParams.from_dict({"stepz": 3})
 
 
 def test_lr_schedule_warmup_then_linear_decay():
-    f = [neural.lr_factor(t, 4, 12) for t in range(13)]
+    f = [trainer.lr_factor(t, 4, 12) for t in range(13)]
     assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert f[4] == pytest.approx(1.0)
     assert f[8] == pytest.approx(0.5)
     assert f[11] == pytest.approx(1 / 8) and f[12] == 0.0
-    assert neural.lr_factor(0, 0, 10) == 1.0
+    assert trainer.lr_factor(0, 0, 10) == 1.0
 
     # the trainer applies it: the lr used at step t (1-based) is lr * lr_factor(t - 1)
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    params = neural.TrainParams(steps=12, batch_size=4, lr=0.1, warmup_steps=4, log_every=1, device="cpu")
+    params = trainer.TrainParams(steps=12, batch_size=4, lr=0.1, warmup_steps=4, log_every=1, device="cpu")
     seen = {}
-    tr = neural.Trainer(model, neural.param_groups({"all": (model, 0.1)}), params, None,
+    tr = trainer.Trainer(model, trainer.param_groups({"all": (model, 0.1)}), params, None,
                         on_step=lambda s, logs: seen.__setitem__(s, logs["lr_all"]))
     X = torch.randn(10, 3)
     tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 10, lambda idx: X[idx])
@@ -67,7 +67,7 @@ def test_lr_schedule_warmup_then_linear_decay():
 def test_param_groups_no_decay_on_bias_and_layernorm():
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
     head = nn.Linear(2, 2)
-    groups = neural.param_groups({"encoder": (model, 1e-4), "head": (head, 1e-2)}, weight_decay=0.05)
+    groups = trainer.param_groups({"encoder": (model, 1e-4), "head": (head, 1e-2)}, weight_decay=0.05)
     by_name = {g["name"]: g for g in groups}
     assert set(by_name) == {"encoder", "encoder.no_decay", "head", "head.no_decay"}
     ids = lambda ps: {id(p) for p in ps}  # noqa: E731
@@ -77,7 +77,7 @@ def test_param_groups_no_decay_on_bias_and_layernorm():
     assert by_name["encoder"]["weight_decay"] == 0.05 and by_name["encoder.no_decay"]["weight_decay"] == 0.0
     assert by_name["head"]["lr"] == 1e-2 and by_name["encoder"]["lr"] == 1e-4
     with pytest.raises(ValueError, match="already"):
-        neural.param_groups({"a": (model, 1e-3), "b": (model[0], 1e-3)})
+        trainer.param_groups({"a": (model, 1e-3), "b": (model[0], 1e-3)})
 
 
 def test_token_data_batches_are_trimmed(tmp_path):
@@ -134,9 +134,9 @@ def _fit(ckpt, on_step=None, steps=10):
     torch.manual_seed(0)
     net = _Net()
     X, y = torch.randn(23, 6, generator=torch.Generator().manual_seed(1)), torch.randn(23, 1)
-    p = neural.TrainParams(steps=steps, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, checkpoint_every=100,
+    p = trainer.TrainParams(steps=steps, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, checkpoint_every=100,
                            log_every=1, device="cpu", seed=3)
-    tr = neural.Trainer(net, neural.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step)
+    tr = trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step)
 
     def loss_fn(m, b):
         err = m(b[0]) - b[1]
@@ -149,16 +149,16 @@ def _fit(ckpt, on_step=None, steps=10):
 @pytest.mark.slow
 def test_sigterm_checkpoints_current_step_then_resume_matches(tmp_path):
     ref = _fit(tmp_path / "ref")
-    assert [s for s, _ in neural.list_checkpoints(tmp_path / "ref")] == [10]  # final checkpoint only
+    assert [s for s, _ in trainer.list_checkpoints(tmp_path / "ref")] == [10]  # final checkpoint only
 
     def kill_at_4(step, logs):
         if step == 4:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(neural.Preempted) as exc:
+    with pytest.raises(trainer.Preempted) as exc:
         _fit(tmp_path / "run", on_step=kill_at_4)
     assert exc.value.code == 143 and exc.value.step == 4
-    ck = neural.list_checkpoints(tmp_path / "run")
+    ck = trainer.list_checkpoints(tmp_path / "run")
     assert [s for s, _ in ck] == [4]
     state = torch.load(ck[0][1] / "trainer.pt", weights_only=True)
     assert state["step"] == 4 and state["scheduler"]["last_epoch"] == 4
@@ -174,15 +174,15 @@ def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
     torch.manual_seed(0)
     net = nn.Linear(2, 1)
     X = torch.randn(8, 2)
-    p = neural.TrainParams(steps=7, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
-    tr = neural.Trainer(net, neural.param_groups({"n": (net, 1e-2)}), p, tmp_path)
+    p = trainer.TrainParams(steps=7, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
+    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, tmp_path)
     tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 8, lambda i: X[i])
-    assert [s for s, _ in neural.list_checkpoints(tmp_path)] == [6, 7]
+    assert [s for s, _ in trainer.list_checkpoints(tmp_path)] == [6, 7]
     assert not list(tmp_path.glob(".tmp-*"))
-    p2 = neural.TrainParams(steps=9, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
-    tr2 = neural.Trainer(nn.Linear(2, 1), neural.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), p2, tmp_path)
+    p2 = trainer.TrainParams(steps=9, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
+    tr2 = trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), p2, tmp_path)
     assert tr2.resumed_from is None and tr2.step == 0
-    assert neural.list_checkpoints(tmp_path) == []  # set aside, with a warning
+    assert trainer.list_checkpoints(tmp_path) == []  # set aside, with a warning
 
 
 @pytest.mark.slow
@@ -196,10 +196,10 @@ def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
     victim = subprocess.Popen(run + ["--sleep", "0.15"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and victim.poll() is None:
-        if neural.list_checkpoints(tmp_path / "ck"):
+        if trainer.list_checkpoints(tmp_path / "ck"):
             break
         time.sleep(0.02)
-    killed_at = max([s for s, _ in neural.list_checkpoints(tmp_path / "ck")] or [0])
+    killed_at = max([s for s, _ in trainer.list_checkpoints(tmp_path / "ck")] or [0])
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL
     assert 5 <= killed_at < 30 and not (tmp_path / "run.safetensors").exists()
@@ -224,7 +224,7 @@ def test_bucket_by_length_is_a_permutation_of_length_sorted_batches():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 65, size=1000)
     order = rng.permutation(1000)
-    out = neural.bucket_by_length(order, lengths, batch_size=32, window=5, rng=np.random.default_rng(1))
+    out = trainer.bucket_by_length(order, lengths, batch_size=32, window=5, rng=np.random.default_rng(1))
     assert sorted(out.tolist()) == list(range(1000))
     # every full batch comes from one window and is sorted by length: small spread inside a batch
     spread = [np.ptp(lengths[out[a:a + 32]]) for a in range(0, 32 * 30, 32)]

@@ -6,7 +6,7 @@ into ``folder``; ``encoders.resolve(folder)``, ``encoders.load_tokenizer(folder)
 ``neural.TextEncoder(folder)`` then work without any network.
 
 Run as a script (``python tests/tiny_encoder.py train ...``) it trains a tiny model
-with :class:`xmc_steps.neural.Trainer`; the checkpoint/resume tests run it as a
+with :class:`xmc_steps.trainer.Trainer`; the checkpoint/resume tests run it as a
 subprocess and kill it.
 """
 
@@ -77,7 +77,7 @@ def _train(argv) -> None:
     import numpy as np
     import torch
 
-    from xmc_steps import neural
+    from xmc_steps import neural, trainer
 
     torch.set_num_threads(1)
     neural.seed_everything(0)
@@ -102,10 +102,10 @@ def _train(argv) -> None:
         if args.progress:
             Path(args.progress).write_text(str(step))
 
-    params = neural.TrainParams(steps=args.steps, batch_size=8, grad_accum=2, lr=1e-3, warmup_steps=3,
+    params = trainer.TrainParams(steps=args.steps, batch_size=8, grad_accum=2, lr=1e-3, warmup_steps=3,
                                 checkpoint_every=args.checkpoint_every, log_every=1, seed=0, device="cpu")
-    groups = neural.param_groups({"encoder": (model["enc"], 1e-3), "head": (model["head"], 1e-2)}, 0.01)
-    tr = neural.Trainer(model, groups, params, args.ckpt, on_step=on_step)
+    groups = trainer.param_groups({"encoder": (model["enc"], 1e-3), "head": (model["head"], 1e-2)}, 0.01)
+    tr = trainer.Trainer(model, groups, params, args.ckpt, on_step=on_step)
     resumed = tr.resumed_from
     tr.fit(loss_fn, len(tokens), batch_fn)
     tr.save_model(args.out)

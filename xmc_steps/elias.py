@@ -72,7 +72,7 @@ Staged training (§3.4) and the hyper-parameters
   memory is bounded at ``C = 5000``, ``L = 500k``.
 * Stage 2 initialises ``phi``, ``Wc``, ``wl`` (and ``wl_bias`` when both stages have
   it) from stage 1 ("the rest of the stage 1 model") and trains everything with ``A``.
-* AdamW (the :class:`xmc_steps.neural.Trainer`) with three learning rates: ``lr_encoder``
+* AdamW (the :class:`xmc_steps.Trainer`) with three learning rates: ``lr_encoder``
   (``phi``), ``lr_clf`` (``Wc``, ``wl``, ``wl_bias``), ``lr_A`` (``A_value``); no weight decay
   on biases/gains; ``A_value`` gets ``weight_decay_A`` (default 0: the entries are edge
   logits, and decay would pull every row towards a uniform softmax); warm-up then
@@ -159,6 +159,7 @@ from . import encoders, io, neural
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
+from .trainer import TrainParams, Trainer, param_groups
 
 FORMAT = "xmc-elias-v1"
 STAGE_DEFAULTS = {
@@ -244,8 +245,7 @@ class EliasParams(Params):
             raise ValueError(f"eps must be in (0, 0.5), got {self.eps}")
         if self.wl_decay not in ("touched", "all"):
             raise ValueError(f"wl_decay must be touched or all, got {self.wl_decay!r}")
-        if str(self.amp).lower() not in neural._NO_AMP | {"auto", "bf16", "fp16", "true", "1"}:
-            raise ValueError(f"amp must be one of auto, bf16, fp16, off; got {self.amp!r}")
+        neural.check_amp(self.amp)
 
     _what = "ELIAS parameter"
 
@@ -289,10 +289,10 @@ class EliasParams(Params):
     def steps_per_epoch(self, n_train: int) -> float:
         return n_train / (self.batch_size * self.grad_accum)
 
-    def train_params(self) -> neural.TrainParams:
+    def train_params(self) -> TrainParams:
         if self.steps is None or self.lr_clf is None:
             raise ValueError("resolve the parameters first (EliasParams.resolved)")
-        return neural.TrainParams(
+        return TrainParams(
             steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr_clf,
             warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
             checkpoint_every=self.checkpoint_every, log_every=self.log_every, seed=self.seed,
@@ -756,7 +756,7 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: neural.Trainer, weight_decay: float) -> None:
+def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: Trainer, weight_decay: float) -> None:
     """AdamW's decoupled decay ``w <- w (1 - lr wd)`` on the given rows of ``wl`` only, at the
     current learning rate of the optimiser's ``wl`` group (``wl_decay: touched``)."""
     lr = next(g["lr"] for g in trainer.optimizer.param_groups if g.get("group") == "wl")
@@ -775,11 +775,11 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
                 ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                 on_step: Callable[[int, dict[str, float]], Any] | None = None,
                 valid: tuple[neural.TokenData, sp.spmatrix] | None = None,
-                fingerprint: Mapping[str, Any] | None = None) -> neural.Trainer:
+                fingerprint: Mapping[str, Any] | None = None) -> Trainer:
     """Train ``model`` (either stage: ``A_value`` is trained iff it requires grad) with §3.3's loss.
 
     ``params`` must be resolved (:meth:`EliasParams.resolved`).  Resumes from ``ckpt_dir``.
-    Returns the :class:`neural.Trainer`; the model ends on the training device, with
+    Returns the :class:`Trainer`; the model ends on the training device, with
     the SWA average copied in when ``swa_epochs > 0``.
     """
     log = log or neural._default_log
@@ -795,13 +795,13 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         named_clf.append(("wl_bias", model.wl_bias))
     groups = []
     if model.encoder is not None:
-        groups += neural.param_groups({"encoder": (model.encoder, params.lr_encoder)}, tp.weight_decay)
-    groups += neural.param_groups({"clf": (named_clf, params.lr_clf)}, tp.weight_decay)
+        groups += param_groups({"encoder": (model.encoder, params.lr_encoder)}, tp.weight_decay)
+    groups += param_groups({"clf": (named_clf, params.lr_clf)}, tp.weight_decay)
     if decay_touched:       # no AdamW decay on W_L: step_end decays the rows each step touched
-        groups += neural.param_groups({"wl": ([("wl", model.wl)], params.lr_clf)}, 0.0)
+        groups += param_groups({"wl": ([("wl", model.wl)], params.lr_clf)}, 0.0)
     touched: list[torch.Tensor] = []
     if model.A_value.requires_grad:
-        groups += neural.param_groups({"A": ([("A_value", model.A_value)], params.lr_A)}, params.weight_decay_A)
+        groups += param_groups({"A": ([("A_value", model.A_value)], params.lr_A)}, params.weight_decay_A)
     swa, swa_start = None, tp.steps
     if params.swa_epochs > 0:
         swa_steps = max(1, round(params.swa_epochs * params.steps_per_epoch(n)))
@@ -814,7 +814,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
           "pooling": params.pooling, "data": _digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": _digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
-    trainer = neural.Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp)
+    trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt = vY = None

@@ -168,6 +168,7 @@ from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
+from .trainer import TrainParams, Trainer, list_checkpoints, param_groups
 
 FORMAT = "xmc-matcher-v1"
 SPLITS = ("train", "valid", "test")
@@ -264,9 +265,9 @@ class MatcherParams(Params):
         warm = self.warmup_steps if self.warmup_steps is not None else int(round(self.warmup * steps))
         return int(steps), int(min(warm, steps))
 
-    def train_params(self, n_train: int) -> neural.TrainParams:
+    def train_params(self, n_train: int) -> TrainParams:
         steps, warm = self.schedule(n_train)
-        return neural.TrainParams(
+        return TrainParams(
             steps=steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
             warmup_steps=warm, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
             checkpoint_every=self.checkpoint_every, log_every=self.log_every, seed=self.seed,
@@ -616,7 +617,7 @@ def linear_head(emb: np.ndarray, M: sp.spmatrix, l2: float = 0.01) -> np.ndarray
 def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: MatcherParams | Mapping[str, Any],
                   ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                   on_step: Callable[[int, dict[str, float]], Any] | None = None,
-                  valid: tuple[neural.TokenData, sp.spmatrix] | None = None) -> tuple[MatcherModel, neural.Trainer]:
+                  valid: tuple[neural.TokenData, sp.spmatrix] | None = None) -> tuple[MatcherModel, Trainer]:
     """Fine-tune encoder + head on ``(tokens_train, M_train)`` with Eq. 3; resumes from ``ckpt_dir``.
 
     ``M_train`` is the N x K instance-to-cluster matrix (any nonzero counts as 1).  With
@@ -624,7 +625,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
     encoder's embeddings of the training documents (skipped when a checkpoint is resumed).
     Every ``eval_every`` steps the valid cluster P@1 and recall@b (``b`` =
     :func:`guard_width`) are logged as ``valid_cluster_p_at_1`` / ``valid_cluster_recall_at_b``.
-    Returns the trained model (on the training device) and its :class:`neural.Trainer`
+    Returns the trained model (on the training device) and its :class:`Trainer`
     (step counts, throughput).
     """
     log = log or neural._default_log
@@ -638,7 +639,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
     model = build_model(params, K)
     tp = params.train_params(len(tokens_train))
     lr_head = params.lr_head if params.lr_head is not None else params.lr
-    groups = neural.param_groups({"encoder": (model.encoder, params.lr), "head": (model.head, lr_head)}, tp.weight_decay)
+    groups = param_groups({"encoder": (model.encoder, params.lr), "head": (model.head, lr_head)}, tp.weight_decay)
     fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,
                    "lr_head": lr_head, "head_init": params.head_init,
                    "head_init_l2": params.head_init_l2 if params.head_init == "linear" else None,
@@ -667,7 +668,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
                      step, r["cluster_p_at_1"], b, r["cluster_recall_at_b"], len(vt))
             return {"valid_" + k: v for k, v in r.items()}
 
-    resuming = ckpt_dir is not None and Path(ckpt_dir).is_dir() and bool(neural.list_checkpoints(ckpt_dir))
+    resuming = ckpt_dir is not None and Path(ckpt_dir).is_dir() and bool(list_checkpoints(ckpt_dir))
     trainer_device = neural.resolve_device(tp.device)
     if params.head_init == "linear" and not resuming:
         t0 = time.perf_counter()
@@ -677,7 +678,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         log.info("head initialised by least squares on the pre-trained embeddings (l2 %g) in %.1f s",
                  params.head_init_l2, time.perf_counter() - t0)
 
-    trainer = neural.Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint,
+    trainer = Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint,
                              lengths=tokens_train.lengths)
     if eval_fn is not None and trainer.step == 0 and on_step is not None:
         on_step(0, eval_fn(0) or {})

@@ -1,0 +1,544 @@
+"""The training loop shared by every neural method (X-Transformer's matcher, ELIAS, ...).
+
+:class:`TrainParams`, :func:`param_groups`, :class:`Trainer`: AdamW with per-group learning
+rates (no weight decay on biases and LayerNorm/gain vectors), linear warm-up then linear decay
+to 0 at ``steps``, gradient accumulation, gradient clipping, autocast
+(:func:`xmc_steps.neural.autocast_context`), per-step callbacks and preemption-safe
+checkpoints.
+
+Learning-rate schedule
+----------------------
+The optimisation step with 0-based index ``t`` (so ``t = 0`` is the first update) uses
+``lr * lr_factor(t)`` with ``lr_factor(t) = (t + 1) / warmup`` for ``t < warmup``
+(reaching the full rate on the last warm-up step) and ``(steps - t) / (steps - warmup)``
+afterwards (the full rate at ``t = warmup``, decaying linearly towards 0, which it
+reaches at ``t = steps``).  See :func:`lr_factor`.
+
+Data order
+----------
+An "epoch" is one pass over a permutation of ``range(n_examples)`` drawn by
+``numpy.random.default_rng(seed + epoch)``; micro-batches are consecutive slices of
+``batch_size`` indices (the last slice of an epoch may be shorter; the next slice
+starts the next epoch).  One optimisation step consumes ``grad_accum`` micro-batches.
+
+Checkpoints
+-----------
+``ckpt_dir/step-XXXXXXXX/`` (8-digit step number) holds
+
+* ``model.safetensors`` — the model's ``state_dict`` (safetensors, fp32 as trained);
+* ``trainer.pt`` — a ``torch.save`` dict: ``format``, ``step``, ``epoch``, ``pos``
+  (index of the next example in the epoch's permutation), ``optimizer``,
+  ``scheduler``, ``scaler`` (GradScaler) state dicts, ``rng`` (torch CPU, CUDA,
+  numpy global and Python ``random`` states), ``params`` (the TrainParams dict),
+  ``fingerprint`` (a caller-given dict identifying the run) and ``time`` (seconds spent
+  training so far).  It loads with ``torch.load(..., weights_only=True)``.
+
+A checkpoint is written into ``ckpt_dir/.tmp-step-XXXXXXXX-<pid>/`` and renamed to its
+final name once complete, so a ``step-*`` folder is always whole; the newest two are
+kept.  Checkpoints are written every ``checkpoint_every`` steps, after the last step,
+and when SIGTERM arrives: the handler only sets a flag, the current step finishes,
+a checkpoint is saved, a log line says so, and :class:`Preempted` (a ``SystemExit``
+with exit status 143 = 128 + SIGTERM) is raised.  A new :class:`Trainer` on the same
+``ckpt_dir`` resumes from the newest complete checkpoint: after a SIGTERM or a SIGKILL
+the restarted run ends with exactly the same number of optimisation steps as an
+uninterrupted one, with the same weights (bit for bit on CPU with a fixed seed and
+thread count).  Checkpoints written under other training parameters or another
+``fingerprint`` are set aside (deleted, with a warning) rather than resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from .neural import (amp_dtype, autocast_context, check_amp, load_model, needs_grad_scaler, resolve_device, save_model,
+                     to_device)
+
+CKPT_FORMAT = "xmc-trainer-ckpt-v1"
+
+_default_log = logging.getLogger("xmc.trainer")
+
+
+# --------------------------------------------------------------------------- training parameters
+
+
+@dataclass
+class TrainParams:
+    steps: int = 1000             # total optimisation steps
+    batch_size: int = 32          # sequences per micro-batch
+    grad_accum: int = 1           # micro-batches per optimisation step
+    lr: float = 5e-5              # default learning rate (groups may carry their own)
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0    # <= 0: no clipping
+    checkpoint_every: int = 500   # steps; <= 0: only at the end and on SIGTERM
+    log_every: int = 10
+    seed: int = 0
+    amp: str = "auto"             # auto | bf16 | fp16 | off (CPU: always off)
+    device: str = "auto"          # auto | cpu | cuda | cuda:N
+    length_bucket: int = 0        # > 0: batches of similar lengths from windows of this many batches (Trainer)
+
+    def __post_init__(self) -> None:
+        for f in ("steps", "batch_size", "grad_accum", "log_every"):
+            if int(getattr(self, f)) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.length_bucket < 0:
+            raise ValueError(f"length_bucket must be >= 0, got {self.length_bucket}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        check_amp(self.amp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainParams":
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"unknown training parameter(s): {', '.join(unknown)}")
+        kw = {}
+        for k, v in d.items():
+            typ = names[k].type
+            if typ in ("int", int):
+                v = int(v)
+            elif typ in ("float", float):
+                v = float(v)
+            elif typ in ("str", str):
+                v = str(v)
+            kw[k] = v
+        return cls(**kw)
+
+    # fields that change the training trajectory (a checkpoint under other values is not resumed)
+    TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",
+                  "length_bucket")
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Multiplier of the base learning rate for the update with 0-based index ``step``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if total <= warmup:
+        return 1.0 if step < total else 0.0
+    return max(0.0, (total - step) / (total - warmup))
+
+
+class LinearWarmupDecay:
+    """Picklable ``LambdaLR`` multiplier: :func:`lr_factor` with fixed ``warmup``/``total``."""
+
+    def __init__(self, warmup: int, total: int):
+        self.warmup, self.total = int(warmup), int(total)
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(step, self.warmup, self.total)
+
+
+def _is_no_decay(name: str, p: torch.Tensor) -> bool:
+    n = name.lower()
+    return p.ndim <= 1 or n.endswith("bias") or "layernorm" in n or "layer_norm" in n or n.endswith("norm.weight")
+
+
+def param_groups(named_params_by_group: Mapping[str, tuple[Any, float]], weight_decay: float = 0.01) -> list[dict[str, Any]]:
+    """AdamW parameter groups: two per named group (decay / no decay), each with its own lr.
+
+    ``named_params_by_group`` maps a group name (``"encoder"``, ``"classifier"``, ...)
+    to ``(what, lr)`` where ``what`` is an ``nn.Module``, an iterable of ``(name,
+    parameter)`` pairs or an iterable of parameters.  Biases, LayerNorm weights and any
+    other 1-d parameter (gains, scales) get ``weight_decay = 0``; everything else gets
+    ``weight_decay``.  Parameters with ``requires_grad=False`` are skipped; a parameter
+    listed in two groups is an error.  Each returned group carries ``name`` (e.g.
+    ``"encoder"`` / ``"encoder.no_decay"``) and ``group`` (the name given).
+    """
+    seen: set[int] = set()
+    groups: list[dict[str, Any]] = []
+    for gname, (what, lr) in named_params_by_group.items():
+        if isinstance(what, nn.Module):
+            items = list(what.named_parameters())
+        else:
+            items = []
+            for j, x in enumerate(what):
+                items.append(x if isinstance(x, tuple) else (f"param{j}", x))
+        decay, no_decay = [], []
+        for n, p in items:
+            if not p.requires_grad:
+                continue
+            if id(p) in seen:
+                raise ValueError(f"parameter '{n}' of group '{gname}' is already in another group")
+            seen.add(id(p))
+            (no_decay if _is_no_decay(n, p) else decay).append(p)
+        if decay:
+            groups.append({"params": decay, "lr": float(lr), "weight_decay": float(weight_decay), "name": gname, "group": gname})
+        if no_decay:
+            groups.append({"params": no_decay, "lr": float(lr), "weight_decay": 0.0, "name": f"{gname}.no_decay", "group": gname})
+    if not groups:
+        raise ValueError("param_groups: no trainable parameters")
+    return groups
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``ckpt_dir``, oldest first, as ``(step, folder)``."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in d.iterdir():
+        if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit():
+            if (p / "model.safetensors").is_file() and (p / "trainer.pt").is_file():
+                out.append((int(p.name[5:]), p))
+    return sorted(out)
+
+
+class Preempted(SystemExit):
+    """Raised after the checkpoint that follows a SIGTERM; exit status 143 (128 + 15)."""
+
+    def __init__(self, step: int, path: str | os.PathLike):
+        super().__init__(143)
+        self.step, self.path = step, str(path)
+
+    def __str__(self) -> str:
+        return f"preempted by SIGTERM at step {self.step}; checkpoint saved to {self.path}; rerun to resume"
+
+
+def _rng_state() -> dict[str, Any]:
+    st = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": [st[0], torch.from_numpy(np.asarray(st[1], dtype=np.int64)), int(st[2]), int(st[3]), float(st[4])],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(s: Mapping[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(s["cuda"])
+    n = s["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), int(n[2]), int(n[3]), float(n[4])))
+    py = s["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def bucket_by_length(order: np.ndarray, lengths: np.ndarray, batch_size: int, window: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """A permutation whose consecutive ``batch_size`` blocks hold sequences of similar length.
+
+    ``order`` (a random permutation) is cut into windows of ``window * batch_size``; each
+    window is sorted by length and cut into batches, and the batches of a window are
+    shuffled.  Every example still appears once per epoch and the windows keep the
+    epoch's random order, but a batch is padded to a length near its members' (short-text
+    data trains about twice as fast on a CPU, where padding costs compute).
+    """
+    out = []
+    size = window * batch_size
+    for a in range(0, len(order), size):
+        chunk = order[a:a + size]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        short = batches.pop() if len(batches[-1]) < batch_size else None   # keeps the others aligned
+        for j in rng.permutation(len(batches)):
+            out.append(batches[j])
+        if short is not None:
+            out.append(short)
+    return np.concatenate(out) if out else order
+
+
+class Trainer:
+    """The training loop shared by the neural methods (see the module docstring).
+
+    ``groups`` are AdamW parameter groups (from :func:`param_groups`; a group without
+    ``lr`` uses ``params.lr``).  ``on_step(step, logs)`` is called every
+    ``log_every`` steps (and after the last) with ``loss`` (mean over the step's
+    micro-batches), the loss function's own floats (averaged likewise), ``lr_<group>``,
+    ``grad_norm`` (before clipping) and ``seq_per_s``; ``on_checkpoint(step, folder)``
+    after each checkpoint.  The model is moved to the device at construction, and the
+    newest complete checkpoint in ``ckpt_dir`` (if any, and if it was written under the
+    same trajectory parameters and ``fingerprint``) is loaded then.
+    """
+
+    def __init__(self, model: nn.Module, groups: list[dict[str, Any]], params: TrainParams,
+                 ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
+                 on_step: Callable[[int, dict[str, float]], Any] | None = None,
+                 on_checkpoint: Callable[[int, Path], Any] | None = None,
+                 fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
+                 lengths: np.ndarray | None = None):
+        self.model, self.params = model, params
+        self.lengths = None if lengths is None else np.asarray(lengths)
+        self.log = log or _default_log
+        self.on_step, self.on_checkpoint = on_step, on_checkpoint
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
+        self.fingerprint = json.loads(json.dumps(dict(fingerprint or {}), default=str))
+        self.keep = max(1, int(keep))
+        self.device = resolve_device(params.device)
+        self.amp = params.amp
+        self.model.to(self.device)
+        for j, g in enumerate(groups):
+            g.setdefault("lr", params.lr)
+            g.setdefault("name", f"group{j}")
+        self.group_names = [g.get("group", g["name"]) for g in groups]
+        self.optimizer = torch.optim.AdamW(groups, lr=params.lr, weight_decay=params.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LinearWarmupDecay(params.warmup_steps, params.steps))
+        self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, self.amp))
+        self.step = 0            # optimisation steps done
+        self.epoch = 0           # current epoch
+        self.pos = 0             # next position in the epoch's permutation
+        self.train_time = 0.0    # seconds in optimisation steps (over resumes)
+        self.sequences = 0       # sequences processed in this process
+        self.run_time = 0.0      # seconds in optimisation steps in this process
+        self.steps_this_run = 0  # optimisation steps done in this process
+        self.resumed_from: int | None = None
+        self._order_cache: tuple[int, int, np.ndarray] | None = None
+        self._stop = False
+        self._last_ckpt_step = -1
+        self._resume()
+
+    # -- data order
+    def _order(self, epoch: int, n: int) -> np.ndarray:
+        if self._order_cache is None or self._order_cache[:2] != (epoch, n):
+            rng = np.random.default_rng(self.params.seed + epoch)
+            order = rng.permutation(n)
+            w = self.params.length_bucket
+            if w > 0 and self.lengths is not None and len(self.lengths) == n:
+                order = bucket_by_length(order, self.lengths, self.params.batch_size, w, rng)
+            self._order_cache = (epoch, n, order)
+        return self._order_cache[2]
+
+    def _next_indices(self, n: int) -> np.ndarray:
+        order = self._order(self.epoch, n)
+        idx = order[self.pos:self.pos + self.params.batch_size]
+        self.pos += len(idx)
+        if self.pos >= n:
+            self.epoch, self.pos = self.epoch + 1, 0
+        return idx
+
+    # -- checkpoints
+    def _trajectory(self) -> dict[str, Any]:
+        d = self.params.to_dict()
+        return {k: d[k] for k in TrainParams.TRAJECTORY}
+
+    def _resume(self) -> None:
+        if self.ckpt_dir is None:
+            return
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for p in self.ckpt_dir.glob(".tmp-step-*"):  # leftovers of a killed save
+            shutil.rmtree(p, ignore_errors=True)
+        ckpts = list_checkpoints(self.ckpt_dir)
+        while ckpts:
+            step, path = ckpts[-1]
+            try:
+                state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is skipped
+                self.log.warning("checkpoint %s is unreadable (%s); trying an older one", path, e)
+                ckpts.pop()
+                continue
+            saved = {k: state.get("params", {}).get(k) for k in TrainParams.TRAJECTORY}
+            if state.get("format") != CKPT_FORMAT or saved != self._trajectory() or state.get("fingerprint", {}) != self.fingerprint:
+                self.log.warning("checkpoints in %s were written by a different run configuration "
+                                 "(params %s, fingerprint %s); removing them and starting from scratch",
+                                 self.ckpt_dir, saved, state.get("fingerprint"))
+                for _, p in list_checkpoints(self.ckpt_dir):
+                    shutil.rmtree(p, ignore_errors=True)
+                return
+            load_model(self.model, path / "model.safetensors")
+            self.model.to(self.device)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scheduler.lr_lambdas = [LinearWarmupDecay(self.params.warmup_steps, self.params.steps)
+                                         for _ in self.optimizer.param_groups]
+            if state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["pos"])
+            self.train_time = float(state.get("time", 0.0))
+            _set_rng_state(state["rng"])
+            self.resumed_from = self._last_ckpt_step = self.step
+            self.log.info("resumed from checkpoint %s: step %d/%d, epoch %d, position %d",
+                          path, self.step, self.params.steps, self.epoch, self.pos)
+            return
+
+    def save_checkpoint(self) -> Path:
+        """Write ``ckpt_dir/step-XXXXXXXX/`` atomically and keep the newest ``keep``."""
+        if self.ckpt_dir is None:
+            raise ValueError("this trainer has no checkpoint folder")
+        name = f"step-{self.step:08d}"
+        final = self.ckpt_dir / name
+        tmp = self.ckpt_dir / f".tmp-{name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            save_model(self.model, tmp / "model.safetensors")
+            state = {
+                "format": CKPT_FORMAT,
+                "step": self.step, "epoch": self.epoch, "pos": self.pos,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+                "rng": _rng_state(),
+                "params": self.params.to_dict(),
+                "fingerprint": self.fingerprint,
+                "time": self.train_time,
+            }
+            torch.save(state, tmp / "trainer.pt")
+            for f in tmp.iterdir():  # data on disk before the rename makes it visible
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for _, old in list_checkpoints(self.ckpt_dir)[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._last_ckpt_step = self.step
+        self.log.info("checkpoint: step %d -> %s", self.step, final)
+        if self.on_checkpoint:
+            self.on_checkpoint(self.step, final)
+        return final
+
+    def save_model(self, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
+        """Write the model's weights as safetensors, atomically."""
+        save_model(self.model, path, metadata)
+
+    # -- SIGTERM
+    def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002
+        self._stop = True
+        self.log.warning("SIGTERM received: finishing step %d, then checkpoint and exit", self.step + 1)
+
+    @contextlib.contextmanager
+    def _sigterm_handler(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            self.log.warning("not in the main thread: SIGTERM will not trigger a checkpoint")
+            yield
+            return
+        prev = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, prev)
+
+    # -- loop
+    def fit(self, loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, Mapping[str, float]]], n_examples: int,
+            batch_fn: Callable[[np.ndarray], Any],
+            step_end: Callable[[int], Mapping[str, float] | None] | None = None) -> "Trainer":
+        """Train until ``params.steps`` optimisation steps are done (resuming if possible).
+
+        ``batch_fn(indices)`` builds a batch (any object; tensors inside tuples, lists
+        and dicts are moved to the device); ``loss_fn(model, batch)`` returns ``(loss,
+        logs)``.  ``step_end(step)``, if given, runs after every step before any
+        checkpoint (evaluation hooks); the floats it returns go to ``on_step`` at once.
+        """
+        p = self.params
+        if n_examples < 1:
+            raise ValueError("no training examples")
+        params = [q for g in self.optimizer.param_groups for q in g["params"]]
+        if self.step >= p.steps:
+            self.log.info("training already complete (%d/%d steps)", self.step, p.steps)
+            return self
+        self.log.info("training: %d steps from step %d, batch %d x %d accumulation, %d examples, "
+                      "device %s, autocast %s", p.steps, self.step, p.batch_size, p.grad_accum, n_examples,
+                      self.device, amp_dtype(self.device, self.amp) or "off (fp32)")
+        self.model.train()
+        acc: dict[str, float] = {}
+        acc_n = 0
+        win_t, win_seq = 0.0, 0
+        with self._sigterm_handler():
+            while self.step < p.steps:
+                t0 = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                step_logs: dict[str, float] = {"loss": 0.0}
+                loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per micro-batch
+                n_seq = 0
+                for _ in range(p.grad_accum):
+                    idx = self._next_indices(n_examples)
+                    batch = to_device(batch_fn(idx), self.device)
+                    with autocast_context(self.device, self.amp):
+                        loss, logs = loss_fn(self.model, batch)
+                    self.scaler.scale(loss.float() / p.grad_accum).backward()
+                    loss_sum += loss.detach().float()
+                    for k, v in (logs or {}).items():
+                        step_logs[k] = step_logs.get(k, 0.0) + float(v) / p.grad_accum
+                    n_seq += len(idx)
+                step_logs["loss"] = float(loss_sum) / p.grad_accum
+                self.scaler.unscale_(self.optimizer)
+                if p.max_grad_norm and p.max_grad_norm > 0:
+                    gn = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
+                else:
+                    gn = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+                step_logs["grad_norm"] = float(gn)
+                lrs = {f"lr_{n}": g["lr"] for n, g in zip(self.group_names, self.optimizer.param_groups)}
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.scheduler.step()
+                self.step += 1
+                self.steps_this_run += 1
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                dt = time.perf_counter() - t0
+                self.train_time += dt
+                self.run_time += dt
+                self.sequences += n_seq
+                win_t += dt
+                win_seq += n_seq
+                for k, v in step_logs.items():
+                    acc[k] = acc.get(k, 0.0) + v
+                acc_n += 1
+                extra = dict(step_end(self.step) or {}) if step_end else {}
+                last = self.step >= p.steps
+                if self.step % p.log_every == 0 or last:
+                    logs = {k: v / acc_n for k, v in acc.items()}
+                    logs.update(lrs)
+                    logs["seq_per_s"] = win_seq / max(win_t, 1e-9)
+                    logs.update(extra)
+                    eta = (p.steps - self.step) * win_t / max(acc_n, 1)
+                    self.log.info("step %d/%d epoch %d loss %.5f %s %.1f seq/s eta %.0f s", self.step, p.steps,
+                                  self.epoch, logs["loss"],
+                                  " ".join(f"{k} {v:.3g}" for k, v in logs.items() if k not in ("loss", "seq_per_s")),
+                                  logs["seq_per_s"], eta)
+                    if self.on_step:
+                        self.on_step(self.step, logs)
+                    acc, acc_n, win_t, win_seq = {}, 0, 0.0, 0
+                elif extra and self.on_step:
+                    self.on_step(self.step, extra)
+                if not math.isfinite(step_logs["loss"]):
+                    self.log.warning("non-finite loss at step %d", self.step)
+                if self.ckpt_dir is not None and (
+                        self._stop or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0)):
+                    path = self.save_checkpoint()
+                    if self._stop:
+                        exc = Preempted(self.step, path)
+                        self.log.warning("%s", exc)
+                        raise exc
+                elif self._stop:
+                    exc = Preempted(self.step, "(no checkpoint folder)")
+                    self.log.warning("%s", exc)
+                    raise exc
+        return self
+
+    @property
+    def throughput(self) -> float:
+        """Training sequences per second over this process's optimisation steps."""
+        return self.sequences / self.run_time if self.run_time > 0 else 0.0
