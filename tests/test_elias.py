@@ -8,6 +8,7 @@ import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import elias, io, neural
+from xmc_steps.elias import train as elias_train
 from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
 
@@ -243,7 +244,7 @@ def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypat
         touched.update(rows.tolist())
         return real(wl, rows, trainer, wd)
 
-    monkeypatch.setattr(elias, "decay_touched_rows", spy)
+    monkeypatch.setattr(elias_train, "decay_touched_rows", spy)
     elias.train_elias(m, neural.TokenData(ids, lengths), Y, p, tmp_path / "ck")
     moved = {i for i in range(L) if not torch.equal(m.wl[i], wl0[i])}
     if mode == "touched":

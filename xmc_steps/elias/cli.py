@@ -1,0 +1,250 @@
+"""ELIAS (Gupta et al., NeurIPS 2022) stage: train stage 1 or 2, predict (:mod:`xmc_steps.elias`).
+
+CLI::
+
+    python -m xmc_steps.elias train --stage 1 --tokens-dir DIR --labels-train Y_train.npz \\
+        --labels-valid Y_valid.npz --tree tree.npz --out DIR1 --params JSON [common args]
+    python -m xmc_steps.elias train --stage 2 --init DIR1 --tokens-dir DIR --labels-train ... \\
+        --labels-valid ... --out DIR2 --params JSON
+    python -m xmc_steps.elias predict --model DIR --tokens tokens_test.npz --out predictions.parquet \\
+        --emb-out emb_test.npz [--shortlist-out shortlist_test.parquet] --params JSON
+
+``train`` writes ``model.safetensors``, ``elias.json`` (format, stage, encoder, pooling,
+C, L, kappa, alpha, beta, b, K, dim, wl_bias, fixed_edges, max_length, params, training
+summary) and, in stage 1, ``clusters_train.npz`` (CSR N x C, the top-b ``s_c`` of each
+training document: ``M`` of Eq. 9).  Checkpoints go to ``OUT/checkpoints`` and are removed
+once every output is written.  ``predict`` writes the top-``topk`` (default 100) labels
+by ``p`` (:func:`xmc_steps.io.write_predictions`), ``phi(x)`` (key ``emb``), optionally the
+shortlist's top-``shortlist_topk`` (default ``topk``) labels by ``yhat``, and the metric
+``predict_latency_ms_per_doc``: wall time of the batched encoder + index + classifier
+pass divided by the number of documents (amortised over ``eval_batch_size`` batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .. import encoders, io, neural
+from ..devices import require_device
+from ..stage import StageError, add_common_args, stage_run
+from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
+                    load_elias, predict, shortlist_metrics)
+from .params import EliasParams
+from .train import digest, train_elias
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -> int:
+    return neural.check_tokens(params.encoder, tokens, params.max_length, "elias")
+
+
+def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
+    """Typed parameters; the device is checked first (a GPU rule without a GPU fails early)."""
+    try:
+        params = EliasParams.from_dict(st.params)
+    except (TypeError, ValueError) as e:
+        raise StageError(str(e)) from e
+    params.device = str(require_device(params.device, params.allow_cpu_fallback,
+                                       config_key="elias.train.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
+    return params
+
+
+def _train_main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    stage = int(args.stage)
+    names = ["model.safetensors", "elias.json"] + (["clusters_train.npz"] if stage == 1 else [])
+    with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in names]) as st:
+        params = _parse_params(st, args, f"elias_stage{stage}")
+        if params.threads:
+            torch.set_num_threads(params.threads)
+        with st.timed("load"):
+            tdir = Path(args.tokens_dir)
+            tokens = {}
+            for s in ("train", "valid"):
+                try:
+                    tokens[s] = neural.TokenData.load(tdir / f"tokens_{s}.npz")
+                except (OSError, ValueError) as e:
+                    raise StageError(f"tokens_{s}.npz: {e}") from e
+            Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
+            meta1 = None
+            if stage == 1:
+                if not args.tree:
+                    raise StageError("stage 1 needs --tree")
+                from ..cluster_tree import ClusterTree
+
+                try:
+                    tree = ClusterTree.load(args.tree)
+                except (OSError, ValueError) as e:
+                    raise StageError(f"--tree {args.tree}: {e}") from e
+                L, C = tree.n_labels, tree.n_clusters
+            else:
+                if not args.init:
+                    raise StageError("stage 2 needs --init (the stage-1 output folder)")
+                init = Path(args.init)
+                try:
+                    meta1 = io.read_json(init / "elias.json")
+                    M_train = io.load_csr(init / "clusters_train.npz")
+                except OSError as e:
+                    raise StageError(f"--init {init}: {e}") from e
+                if meta1.get("format") != FORMAT or meta1.get("stage") != 1:
+                    raise StageError(f"--init {init}: not a stage-1 ELIAS model")
+                L, C = int(meta1["L"]), int(meta1["C"])
+                # the encoder architecture is the stage-1 one
+                for k in ("encoder", "pooling", "last_k"):
+                    if k in st.params and st.params[k] != meta1[k]:
+                        raise StageError(f"stage 2 {k} = {st.params[k]!r} differs from stage 1's {meta1[k]!r}")
+                params = dataclasses.replace(params, encoder=meta1["encoder"], pooling=meta1["pooling"],
+                                             last_k=meta1["last_k"])
+        for name, Y in (("train", Y_train), ("valid", Y_valid)):
+            if Y.shape[1] != L:
+                src = "tree" if stage == 1 else "stage-1 model"
+                raise StageError(f"Y_{name} has {Y.shape[1]} labels but the {src} has {L}")
+            if Y.shape[0] != len(tokens[name]):
+                raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
+        if C < 2:
+            raise StageError(f"ELIAS needs at least 2 clusters, got C = {C}")
+        if stage == 2 and M_train.shape != (len(tokens["train"]), C):
+            raise StageError(f"{args.init}/clusters_train.npz has shape {M_train.shape}, expected "
+                             f"({len(tokens['train'])}, {C})")
+        try:
+            params = params.resolved(stage, len(tokens["train"]), L, C)
+        except ValueError as e:
+            raise StageError(str(e)) from e
+        width = _check_tokens(params, tokens)
+        if params.max_length is None:
+            params.max_length = width
+        st.params.clear()
+        st.params.update(params.to_dict())
+        st.params["stage"] = stage
+
+        extra_fp: dict[str, Any] = {"stage": stage}
+        try:
+            if stage == 1:
+                index, value = adjacency_from_assignment(tree.assignment(-1), C)
+                model = build_model(params, C, L, index.shape[1], fixed_edges=True, pretrained=True)
+                model.set_adjacency(index, value)
+            else:
+                with st.timed("init_adjacency"):
+                    index, value = init_adjacency(M_train, Y_train, params.kappa, params.seed)
+                model = build_model(params, C, L, params.kappa, fixed_edges=False, pretrained=False)
+                copy_stage1_weights(model, Path(args.init))
+                model.set_adjacency(index, value)
+                extra_fp["init"] = digest(np.frombuffer(
+                    (Path(args.init) / "elias.json").read_bytes(), dtype=np.uint8))
+        except OSError as e:
+            raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
+        unreachable = model.unreachable_labels()
+        st.metric("labels_unreachable", unreachable)
+        st.log.info("elias stage %d: encoder %s (%s), C = %d, L = %d, kappa = %d, b = %d, K = %d, alpha %g, beta %g, "
+                    "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
+                    stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
+                    params.beta, params.lambda_, params.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
+        device = neural.resolve_device(params.device)  # already checked by require_device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+        on_step = st.step_logger({"loss": "train_loss"})
+
+        ckpt_dir = out / "checkpoints"
+        with st.timed("train"):
+            trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
+                                  valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
+        st.metric("train_steps", trainer.step)
+        st.metric("resumed_from_step", trainer.resumed_from or 0)
+        st.metric("train_seq_per_s", trainer.throughput)
+        st.metric("train_time_s", trainer.train_time)
+        with st.timed("valid"):
+            r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
+                        amp=params.amp, shortlist_topk=model.K, with_emb=False, progress=st.log.info)
+            m = shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
+        st.metric("valid_shortlist_recall", m["shortlist_recall"])
+        st.metric("valid_p_at_1", m["p_at_1"])
+        meta = {"format": FORMAT, "stage": stage, "encoder": params.encoder,
+                "encoder_path": str(encoders.resolve(params.encoder)), "pooling": params.pooling,
+                "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
+                "train_steps": trainer.step, "n_train": len(tokens["train"]), "device": str(trainer.device),
+                "init": str(args.init) if stage == 2 else None, "labels_unreachable": unreachable,
+                "valid": m}
+        neural.save_model(model, out / "model.safetensors", metadata={"format": FORMAT})
+        io.write_json(out / "elias.json", meta)
+        st.output("model", out / "model.safetensors")
+        st.output("elias_json", out / "elias.json")
+        st.extra["model_paths"] = {"model": str(out / "model.safetensors"), "config": str(out / "elias.json")}
+        st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
+        if stage == 1:
+            with st.timed("clusters_train"):
+                M = cluster_topb(model, tokens["train"], params.b, params.eval_batch_size, trainer.device, params.amp,
+                                 progress=st.log.info)
+            io.save_csr(out / "clusters_train.npz", M)
+            st.output("clusters_train", out / "clusters_train.npz")
+        if device.type == "cuda":
+            st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def _predict_main(args: argparse.Namespace) -> None:
+    outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
+    with stage_run("elias_predict", args, outputs=outs) as st:
+        params = _parse_params(st, args, "elias_predict")
+        if params.threads:
+            torch.set_num_threads(params.threads)
+        try:
+            meta = io.read_json(Path(args.model) / "elias.json")
+            tokens = neural.TokenData.load(args.tokens)
+        except (OSError, ValueError) as e:
+            raise StageError(str(e)) from e
+        if tokens.max_length != meta["max_length"]:
+            raise StageError(f"tokens have width {tokens.max_length} but the model was trained with "
+                             f"{meta['max_length']}")
+        device = neural.resolve_device(params.device)  # already checked by require_device
+        with st.timed("load"):
+            model = load_elias(args.model, device)
+        b = params.b if params.b is not None else model.b
+        K = params.K if params.K is not None else model.K
+        st.params.update({"b": b, "K": K, "topk": params.topk, "shortlist_topk": params.shortlist_topk or params.topk,
+                          "model": str(args.model), "stage": meta.get("stage")})
+        with st.timed("predict"):
+            r = predict(model, tokens, params.topk, b, K, params.eval_batch_size, device, params.amp,
+                        params.shortlist_topk, with_emb=True, progress=st.log.info)
+        st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
+        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+        io.save_arrays(args.emb_out, emb=r["emb"])
+        st.output("emb", args.emb_out)
+        if args.shortlist_out:
+            io.write_predictions(args.shortlist_out, r["shortlist"], params.shortlist_topk or params.topk)
+            st.output("shortlist", args.shortlist_out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.elias", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train stage 1 or stage 2")
+    t.add_argument("--stage", type=int, choices=(1, 2), required=True)
+    t.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid}.npz")
+    t.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
+    t.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
+    t.add_argument("--tree", help="stage 1: cluster tree (.npz of xmc_steps.cluster); its finest level gives A")
+    t.add_argument("--init", help="stage 2: the stage-1 output folder")
+    t.add_argument("--out", required=True, help="output folder")
+    add_common_args(t)
+    q = sub.add_parser("predict", help="top-k predictions, embeddings and shortlist of a trained model")
+    q.add_argument("--model", required=True, help="a train output folder")
+    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
+    q.add_argument("--out", required=True, help="predictions Parquet (top-k labels by p)")
+    q.add_argument("--emb-out", required=True, help="embeddings .npz (key emb)")
+    q.add_argument("--shortlist-out", help="shortlist Parquet (labels by yhat)")
+    add_common_args(q)
+    args = p.parse_args(argv)
+    if args.cmd == "train":
+        _train_main(args)
+    else:
+        _predict_main(args)
+

@@ -1,0 +1,453 @@
+"""The ELIAS network (§3.1-3.2), its index initialisation (Eqs. 9-10), inference, and saving and
+loading (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import io, neural
+from ..stage import StageError
+from .params import EliasParams
+
+FORMAT = "xmc-elias-v1"
+
+
+# --------------------------------------------------------------------------- model
+
+
+class Shortlist(NamedTuple):
+    labels: torch.Tensor   # B x K long, -1 = padding
+    yhat: torch.Tensor     # B x K shortlist scores (Eq. 6), 0 for padding
+    p: torch.Tensor        # B x K final scores sigmoid(w_l^T phi) * yhat, 0 for padding
+    logits: torch.Tensor   # B x K classifier logits w_l^T phi (+ bias)
+    target: torch.Tensor | None  # B x K bool: the label is a positive (training only)
+    n_pos: torch.Tensor | None   # B: positives per example (training only)
+
+
+class EliasModel(nn.Module):
+    """Encoder, cluster classifiers ``Wc``, label classifiers ``wl`` and the sparse ``A`` (see the module doc).
+
+    ``encoder`` may be ``None`` (then give ``dim``) for index-only use on precomputed
+    embeddings.  ``fixed_edges=True`` is stage 1: every real edge scores 1 and
+    ``A_value`` is frozen.
+    """
+
+    def __init__(self, encoder: nn.Module | None, n_clusters: int, n_labels: int, kappa: int, alpha: float = 10.0,
+                 beta: float | None = None, b: int = 20, K: int = 2000, wl_bias: bool = False,
+                 fixed_edges: bool = False, dim: int | None = None, init_std: float = 0.02):
+        super().__init__()
+        self.encoder = encoder
+        D = int(encoder.dim) if encoder is not None else int(dim)
+        C, L, kappa = int(n_clusters), int(n_labels), int(kappa)
+        self.dim, self.n_clusters, self.n_labels, self.kappa = D, C, L, kappa
+        self.alpha = float(alpha)
+        self.beta = float(beta) if beta is not None else L / C
+        self.b, self.K = min(int(b), C), min(int(K), L)
+        self.fixed_edges = bool(fixed_edges)
+        self.Wc = nn.Parameter(torch.randn(C, D) * init_std)
+        self.wl = nn.Parameter(torch.randn(L, D) * init_std)
+        self.wl_bias = nn.Parameter(torch.zeros(L)) if wl_bias else None
+        self.register_buffer("A_index", torch.full((C, kappa), -1, dtype=torch.long))
+        self.A_value = nn.Parameter(torch.zeros(C, kappa), requires_grad=not self.fixed_edges)
+        # label -> entries of A (flat c * kappa + slot), CSR over labels; rebuilt from A_index
+        self.register_buffer("lab_ptr", torch.zeros(L + 1, dtype=torch.long), persistent=False)
+        self.register_buffer("lab_ent", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, keys: module.rebuild_label_index())
+
+    # -- adjacency
+    def set_adjacency(self, index: torch.Tensor | np.ndarray, value: torch.Tensor | np.ndarray | None = None) -> None:
+        index = torch.as_tensor(np.asarray(index) if not isinstance(index, torch.Tensor) else index, dtype=torch.long)
+        if tuple(index.shape) != (self.n_clusters, self.kappa):
+            raise ValueError(f"A_index has shape {tuple(index.shape)}, expected {(self.n_clusters, self.kappa)}")
+        if index.numel() and (int(index.max()) >= self.n_labels or int(index.min()) < -1):
+            raise ValueError("A_index holds label ids outside [-1, L)")
+        with torch.no_grad():
+            self.A_index.copy_(index.to(self.A_index.device))
+            if value is not None:
+                v = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value,
+                                    dtype=torch.float32)
+                self.A_value.copy_(v.to(self.A_value.device))
+        self.rebuild_label_index()
+
+    @torch.no_grad()
+    def rebuild_label_index(self) -> None:
+        idx = self.A_index.reshape(-1)
+        ent = torch.nonzero(idx >= 0).squeeze(1)
+        labs = idx[ent]
+        order = torch.argsort(labs, stable=True)
+        counts = torch.bincount(labs, minlength=self.n_labels)
+        ptr = torch.zeros(self.n_labels + 1, dtype=torch.long, device=idx.device)
+        ptr[1:] = torch.cumsum(counts, 0)
+        self.lab_ptr = ptr
+        self.lab_ent = ent[order]
+
+    def unreachable_labels(self) -> int:
+        """Labels that no row of ``A`` holds (they can never be shortlisted)."""
+        return int((torch.diff(self.lab_ptr) == 0).sum())
+
+    # -- pieces
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.encoder is None:
+            raise ValueError("this EliasModel has no encoder")
+        return self.encoder(input_ids, attention_mask)
+
+    def cluster_scores(self, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits, s)``: ``Wc phi`` and Eq. 1's ``min(1, alpha * softmax(Wc phi))`` (fp32), B x C."""
+        logits = F.linear(emb, self.Wc.to(emb.dtype)).float()
+        return logits, torch.clamp(self.alpha * torch.softmax(logits, dim=-1), max=1.0)
+
+    def edge_scores(self, rows: torch.Tensor) -> torch.Tensor:
+        """Eq. 5 for the rows ``rows`` (any shape ``S``): ``S x kappa`` (0 at pad entries)."""
+        valid = self.A_index[rows] >= 0
+        if self.fixed_edges:
+            return valid.float()
+        a = self.A_value[rows].float().masked_fill(~valid, torch.finfo(torch.float32).min)
+        e = torch.clamp(self.beta * torch.softmax(a, dim=-1), max=1.0)
+        return e * valid
+
+    def parents(self, labels: torch.Tensor) -> torch.Tensor:
+        """Eq. 3: per label, the row ``c`` with the largest ``a_{c,l}`` among the rows holding it (-1: none)."""
+        n = labels.numel()
+        dev = labels.device
+        if n == 0:
+            return torch.zeros(0, dtype=torch.long, device=dev)
+        start = self.lab_ptr[labels]
+        cnt = self.lab_ptr[labels + 1] - start
+        total = int(cnt.sum())
+        if total == 0:
+            return torch.full((n,), -1, dtype=torch.long, device=dev)
+        seg = torch.repeat_interleave(torch.arange(n, device=dev), cnt)
+        first_of_seg = torch.cumsum(cnt, 0) - cnt
+        offs = torch.arange(total, device=dev) - first_of_seg[seg]
+        ent = self.lab_ent[start[seg] + offs]
+        val = self.A_value.detach().reshape(-1)[ent].float()
+        best = torch.full((n,), -math.inf, device=dev).scatter_reduce(0, seg, val, "amax", include_self=True)
+        pos = torch.where(val == best[seg], torch.arange(total, device=dev), torch.full_like(seg, total))
+        first = torch.full((n,), total, dtype=torch.long, device=dev).scatter_reduce(0, seg, pos, "amin")
+        ok = first < total
+        return torch.where(ok, ent[first.clamp(max=total - 1)] // self.kappa, torch.full_like(first, -1))
+
+    # -- the index and the classifier
+    def _shortlist(self, emb: torch.Tensor, pos_rows: torch.Tensor | None = None,
+                   pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None) -> Shortlist:
+        B, dev, L = emb.shape[0], emb.device, self.n_labels
+        b = min(int(b or self.b), self.n_clusters)
+        K = min(int(K or self.K), L)
+        logits_c, s = self.cluster_scores(emb)
+        top = torch.topk(logits_c, b, dim=1).indices                      # Eq. 2, B x b
+        clusters, cvalid = top, torch.ones_like(top, dtype=torch.bool)
+        training = pos_rows is not None
+        if training:
+            pos_rows, pos_labels = pos_rows.long(), pos_labels.long()
+            n_pos = torch.bincount(pos_rows, minlength=B)
+            if pos_labels.numel():
+                par = self.parents(pos_labels)                            # Eq. 3
+                starts = torch.cumsum(n_pos, 0) - n_pos
+                col = torch.arange(pos_rows.numel(), device=dev) - starts[pos_rows]
+                P = int(n_pos.max())
+                extra = torch.full((B, P), -1, dtype=torch.long, device=dev)
+                extra[pos_rows, col] = par
+                clusters = torch.cat([top, extra.clamp(min=0)], 1)        # Eq. 4 (repeats are harmless)
+                cvalid = torch.cat([cvalid, extra >= 0], 1)
+        # paths: B x b' x kappa
+        rows = clusters
+        lab = self.A_index[rows]
+        path = s.gather(1, rows).unsqueeze(-1) * self.edge_scores(rows)  # Eq. 5 and the path score
+        keep = (lab >= 0) & cvalid.unsqueeze(-1)
+        ex = torch.arange(B, device=dev).view(B, 1, 1).expand_as(lab)
+        keys = (ex * L + lab)[keep]
+        vals = path[keep]
+        uniq, inv = torch.unique(keys, sorted=True, return_inverse=True)
+        yh_u = torch.zeros(uniq.numel(), dtype=vals.dtype, device=dev).scatter_reduce(
+            0, inv, vals, "amax", include_self=False)                      # Eq. 6
+        ex_u, lab_u = uniq // L, uniq % L
+        sel = yh_u.detach()
+        is_pos_u = None
+        if training:
+            pkeys = torch.sort(pos_rows * L + pos_labels).values
+            if pkeys.numel():
+                j = torch.searchsorted(pkeys, uniq).clamp(max=pkeys.numel() - 1)
+                is_pos_u = pkeys[j] == uniq
+            else:
+                is_pos_u = torch.zeros_like(uniq, dtype=torch.bool)
+            sel = sel + 2.0 * is_pos_u                                     # positives first (see doc)
+        counts = torch.bincount(ex_u, minlength=B)
+        W = max(int(counts.max()) if counts.numel() else 0, 1)
+        col = torch.arange(uniq.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[ex_u]
+        grid = torch.full((B, W), -math.inf, device=dev)
+        grid[ex_u, col] = sel.float()
+        flat = torch.full((B, W), -1, dtype=torch.long, device=dev)
+        flat[ex_u, col] = torch.arange(uniq.numel(), device=dev)
+        k = min(K, W)
+        chosen = flat.gather(1, torch.topk(grid, k, dim=1).indices)        # top-K
+        valid = chosen >= 0
+        c0 = chosen.clamp(min=0)
+        if uniq.numel() == 0:
+            labels = torch.full((B, k), -1, dtype=torch.long, device=dev)
+            yhat = torch.zeros(B, k, device=dev)
+        else:
+            labels = torch.where(valid, lab_u[c0], torch.full_like(c0, -1))
+            yhat = yh_u[c0] * valid
+        if k < K:
+            labels = F.pad(labels, (0, K - k), value=-1)
+            yhat = F.pad(yhat, (0, K - k), value=0.0)
+            valid = F.pad(valid, (0, K - k), value=False)
+        target = None
+        if training:
+            t = is_pos_u[c0] & (chosen >= 0) if uniq.numel() else torch.zeros_like(chosen, dtype=torch.bool)
+            target = F.pad(t, (0, K - k), value=False) if k < K else t
+        # classifier on the shortlist: B x K x D gather
+        lab0 = labels.clamp(min=0)
+        w = self.wl[lab0].to(emb.dtype)
+        z = torch.bmm(w, emb.unsqueeze(-1)).squeeze(-1).float()
+        if self.wl_bias is not None:
+            z = z + self.wl_bias[lab0].float()
+        p = torch.sigmoid(z) * yhat
+        return Shortlist(labels, yhat, p, z, target, n_pos if training else None)
+
+    def shortlist(self, emb: torch.Tensor, b: int | None = None, K: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prediction on precomputed embeddings: ``(labels, yhat, p)``, each B x K (labels -1 = padding)."""
+        out = self._shortlist(emb, b=b, K=K)
+        return out.labels, out.yhat, out.p
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pos_rows: torch.Tensor | None = None,
+                pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None) -> Shortlist:
+        """Encode and shortlist; pass the batch's positives (``pos_rows``, ``pos_labels``) in training."""
+        return self._shortlist(self.encode(input_ids, attention_mask), pos_rows, pos_labels, b, K)
+
+    def describe(self) -> dict[str, Any]:
+        return {"C": self.n_clusters, "L": self.n_labels, "kappa": self.kappa, "alpha": self.alpha,
+                "beta": self.beta, "b": self.b, "K": self.K, "dim": self.dim, "wl_bias": self.wl_bias is not None,
+                "fixed_edges": self.fixed_edges}
+
+
+# --------------------------------------------------------------------------- adjacency
+
+
+def adjacency_from_assignment(assign: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1's ``A``: row ``c`` = the labels of cluster ``c`` (ascending), ``kappa1`` = largest cluster; values 0."""
+    assign = np.asarray(assign, dtype=np.int64)
+    L = len(assign)
+    counts = np.bincount(assign, minlength=n_clusters)
+    kappa = max(int(counts.max()) if L else 1, 1)
+    order = np.argsort(assign, kind="stable")
+    starts = np.cumsum(counts) - counts
+    slot = np.arange(L) - starts[assign[order]]
+    index = np.full((n_clusters, kappa), -1, dtype=np.int64)
+    index[assign[order], slot] = order
+    return index, np.zeros((n_clusters, kappa), dtype=np.float32)
+
+
+def _top_kappa_row(idx: np.ndarray, val: np.ndarray, kappa: int) -> np.ndarray:
+    """Label ids of the ``kappa`` largest values (ties: lower id first), best first; ``idx`` ascending."""
+    if len(val) > kappa:
+        thr = -np.partition(-val, kappa - 1)[kappa - 1]
+        above = val > thr
+        ties = np.flatnonzero(val == thr)[: kappa - int(above.sum())]
+        keep = np.concatenate([np.flatnonzero(above), ties])
+        idx, val = idx[keep], val[keep]
+    order = np.lexsort((idx, -val))
+    return idx[order]
+
+
+def init_adjacency(M: sp.spmatrix, Y: sp.spmatrix, kappa: int, seed: int = 0,
+                   max_products: int = 20_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """Eqs. 9-10: ``(A_index, A_value)`` (C x kappa) from ``A' = M^T Y`` (top-kappa per row, random(0,1) values).
+
+    ``M`` is N x C (top-b cluster scores per training document, Eq. 9), ``Y`` N x L
+    (any nonzero is a positive).  Rows of ``A'`` are computed in blocks whose number of
+    scalar products (``sum over the block's (document, cluster) pairs of |y_i|``) stays
+    under ``max_products``, so the peak memory is bounded whatever ``C`` and ``L``.  Entries
+    of ``A'`` that are 0 are never candidates; rows with fewer than ``kappa`` candidates
+    are padded with label ``-1``.  ``A_value`` is ``default_rng(seed).random((C, kappa))``.
+    """
+    M = sp.csr_matrix(M, dtype=np.float32)
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    Y.data[:] = 1.0
+    if M.shape[0] != Y.shape[0]:
+        raise ValueError(f"M has {M.shape[0]} rows but Y has {Y.shape[0]}")
+    C, kappa = M.shape[1], int(kappa)
+    if kappa < 1:
+        raise ValueError("kappa must be >= 1")
+    MT = M.T.tocsr()
+    MT.eliminate_zeros()
+    y_len = np.diff(Y.indptr).astype(np.int64)
+    cs = np.zeros(MT.nnz + 1, dtype=np.int64)
+    np.cumsum(y_len[MT.indices], out=cs[1:])
+    work = cs[MT.indptr[1:]] - cs[MT.indptr[:-1]]  # scalar products per cluster row
+    index = np.full((C, kappa), -1, dtype=np.int64)
+    a = 0
+    while a < C:
+        e, acc = a, 0
+        while e < C and (e == a or acc + work[e] <= max_products):
+            acc += int(work[e])
+            e += 1
+        P = (MT[a:e] @ Y).tocsr()
+        P.sum_duplicates()
+        P.sort_indices()
+        for r in range(e - a):
+            s0, s1 = P.indptr[r], P.indptr[r + 1]
+            if s1 == s0:
+                continue
+            idx, val = P.indices[s0:s1], P.data[s0:s1]
+            nz = val != 0
+            top = _top_kappa_row(idx[nz].astype(np.int64), val[nz], kappa)
+            index[a + r, : len(top)] = top
+        a = e
+    value = np.random.default_rng(seed).random((C, kappa)).astype(np.float32)
+    return index, value
+
+
+# --------------------------------------------------------------------------- inference
+
+
+@torch.no_grad()
+def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int | None = None, K: int | None = None,
+            batch_size: int = 128, device: torch.device | str = "auto", amp: str = "auto",
+            shortlist_topk: int | None = None, with_emb: bool = True,
+            progress: Callable[..., Any] | None = neural._default_log.info) -> dict[str, Any]:
+    """Top-``topk`` labels by ``p`` (CSR N x L), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x), seconds."""
+    device = neural.resolve_device(device)
+    model.to(device)
+    n, L = len(tokens), model.n_labels
+    K_eff = min(int(K or model.K), L)
+    k1, k2 = min(int(topk), K_eff), min(int(shortlist_topk or topk), K_eff)
+    lab_p = np.full((n, k1), -1, dtype=np.int64)
+    val_p = np.zeros((n, k1), dtype=np.float32)
+    lab_s = np.full((n, k2), -1, dtype=np.int64)
+    val_s = np.zeros((n, k2), dtype=np.float32)
+    emb_all = np.zeros((n, model.dim), dtype=np.float32) if with_emb else None
+
+    def fn(ids, mask):
+        e = model.encode(ids, mask)
+        labels, yhat, p = model.shortlist(e, b=b, K=K)
+        pv, pi = torch.topk(p.float().masked_fill(labels < 0, -1.0), k1, dim=1)
+        sv, si = torch.topk(yhat.float().masked_fill(labels < 0, -1.0), k2, dim=1)
+        return e, labels.gather(1, pi), pv, labels.gather(1, si), sv
+
+    t0 = time.perf_counter()
+    for idx, (e, lp, pv, ls, sv) in neural.run_inference(fn, model, tokens, batch_size, device, amp, progress,
+                                                         what="elias predict"):
+        lab_p[idx], val_p[idx] = lp.cpu().numpy(), pv.float().cpu().numpy()
+        lab_s[idx], val_s[idx] = ls.cpu().numpy(), sv.float().cpu().numpy()
+        if with_emb:
+            emb_all[idx] = e.float().cpu().numpy()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    return {"scores": _to_csr(lab_p, val_p, L), "shortlist": _to_csr(lab_s, val_s, L), "emb": emb_all,
+            "seconds": seconds}
+
+
+def _to_csr(labels: np.ndarray, vals: np.ndarray, n_labels: int) -> sp.csr_matrix:
+    n = labels.shape[0]
+    keep = labels >= 0
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(keep.sum(1), out=indptr[1:])
+    m = sp.csr_matrix((vals[keep].astype(np.float32), labels[keep].astype(np.int32), indptr), shape=(n, n_labels))
+    m.sort_indices()
+    return m
+
+
+@torch.no_grad()
+def cluster_topb(model: EliasModel, tokens: neural.TokenData, b: int | None = None, batch_size: int = 128,
+                 device: torch.device | str = "auto", amp: str = "auto",
+                 progress: Callable[..., Any] | None = neural._default_log.info) -> sp.csr_matrix:
+    """Eq. 9's ``M``: CSR N x C with each document's top-``b`` cluster scores ``s_c`` (Eq. 1)."""
+    device = neural.resolve_device(device)
+    model.to(device)
+    n, C = len(tokens), model.n_clusters
+    b = min(int(b or model.b), C)
+    vals = np.zeros((n, b), dtype=np.float32)
+    inds = np.zeros((n, b), dtype=np.int32)
+
+    def fn(ids, mask):
+        logits, s = model.cluster_scores(model.encode(ids, mask))
+        i = torch.topk(logits, b, dim=1).indices
+        return s.gather(1, i), i
+
+    for idx, (v, i) in neural.run_inference(fn, model, tokens, batch_size, device, amp, progress,
+                                            what="elias clusters"):
+        vals[idx], inds[idx] = v.float().cpu().numpy(), i.cpu().numpy().astype(np.int32)
+    M = sp.csr_matrix((vals.ravel(), inds.ravel(), np.arange(n + 1, dtype=np.int64) * b), shape=(n, C))
+    M.sort_indices()
+    return M
+
+
+def shortlist_metrics(labels_csr: sp.csr_matrix, scores_csr: sp.csr_matrix | None, Y: sp.spmatrix) -> dict[str, float]:
+    """``shortlist_recall`` (share of positives in the shortlist, averaged over documents with a positive)
+    and ``p_at_1`` of ``scores_csr`` (its best label is a positive)."""
+    Y = sp.csr_matrix(Y)
+    Y.data[:] = 1
+    S = sp.csr_matrix(labels_csr, copy=True)
+    S.data[:] = 1
+    hit = np.asarray(S.multiply(Y).sum(1)).ravel()
+    ny = np.diff(Y.indptr)
+    has = ny > 0
+    out = {"shortlist_recall": float((hit[has] / ny[has]).mean()) if has.any() else 0.0}
+    if scores_csr is not None:
+        sc = sp.csr_matrix(scores_csr)
+        n = sc.shape[0]
+        lens = np.diff(sc.indptr)
+        has_pred = lens > 0
+        best = np.zeros(n, dtype=np.int64)
+        if sc.nnz:
+            rows = np.repeat(np.arange(n), lens)
+            order = np.lexsort((-sc.data, rows))  # per row, best score first
+            first = sc.indptr[:-1][has_pred]
+            best[has_pred] = sc.indices[order[first]]
+        T = sp.csr_matrix((has_pred.astype(np.float32), best, np.arange(n + 1)), shape=sc.shape)
+        out["p_at_1"] = float(np.asarray(T.multiply(Y).sum(1)).ravel().astype(bool).mean()) if n else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------- building / loading
+
+
+def build_model(params: EliasParams, n_clusters: int, n_labels: int, kappa: int, fixed_edges: bool,
+                pretrained: bool = True) -> EliasModel:
+    neural.seed_everything(params.seed)
+    enc = neural.TextEncoder(params.encoder, pooling=params.pooling, last_k=params.last_k, pretrained=pretrained)
+    return EliasModel(enc, n_clusters, n_labels, kappa, alpha=params.alpha, beta=params.beta, b=params.b,
+                      K=params.K, wl_bias=params.wl_bias, fixed_edges=fixed_edges)
+
+
+def load_elias(folder: str | os.PathLike, device: str | torch.device = "cpu") -> EliasModel:
+    """Load a model written by ``train`` (``elias.json`` + ``model.safetensors``)."""
+    folder = Path(folder)
+    meta = io.read_json(folder / "elias.json")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}/elias.json: unknown format {meta.get('format')!r}")
+    enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
+    model = EliasModel(enc, meta["C"], meta["L"], meta["kappa"], alpha=meta["alpha"], beta=meta["beta"], b=meta["b"],
+                       K=meta["K"], wl_bias=meta["wl_bias"], fixed_edges=meta["fixed_edges"])
+    neural.load_model(model, folder / "model.safetensors")
+    return model.to(neural.resolve_device(device))
+
+
+def copy_stage1_weights(model: EliasModel, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    sd = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    take = {k: v for k, v in sd.items() if k.startswith("encoder.") or k in ("Wc", "wl", "wl_bias")}
+    for k, v in take.items():
+        if k not in own:
+            continue
+        if tuple(own[k].shape) != tuple(v.shape):
+            raise StageError(f"stage-1 weight {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    missing = [k for k in own if k.startswith("encoder.") and k not in take]
+    if missing:
+        raise StageError(f"stage-1 model lacks encoder weights, e.g. {missing[0]}")
+    model.load_state_dict({k: v for k, v in take.items() if k in own}, strict=False)

@@ -1,0 +1,178 @@
+"""The ELIAS training driver: one stage of §3.4 on the shared :class:`~xmc_steps.trainer.Trainer`
+(SWA, ``wl_decay``, ``wl_delay_steps``, periodic shortlist evaluation)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from .. import neural
+from ..trainer import Trainer, param_groups
+from .loss import elias_loss
+from .model import EliasModel, predict, shortlist_metrics
+from .params import EliasParams
+
+# --------------------------------------------------------------------------- training
+
+
+class _Swa(nn.Module):
+    """Running uniform average of a model's trainable float weights, in buffers (checkpointed)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        params = dict(model.named_parameters())
+        self.names = [n for n, p in params.items() if p.is_floating_point()]
+        for n in self.names:
+            self.register_buffer("avg__" + n.replace(".", "__"), params[n].detach().float().clone())
+        self.register_buffer("n", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        params = dict(model.named_parameters())
+        k = int(self.n) + 1
+        for n in self.names:
+            avg = getattr(self, "avg__" + n.replace(".", "__"))
+            if k == 1:
+                avg.copy_(params[n])
+            else:
+                avg.add_(params[n].detach().float() - avg, alpha=1.0 / k)
+        self.n.fill_(k)
+
+    @torch.no_grad()
+    def copy_to(self, model: nn.Module) -> None:
+        if int(self.n) == 0:
+            return
+        params = dict(model.named_parameters())
+        for n in self.names:
+            params[n].copy_(getattr(self, "avg__" + n.replace(".", "__")))
+
+
+class _TrainBox(nn.Module):
+    def __init__(self, model: EliasModel, swa: _Swa | None):
+        super().__init__()
+        self.elias = model
+        self.swa = swa
+
+
+def digest(*arrays: np.ndarray) -> str:
+    """A fingerprint of arrays (dtype, shape and bytes): which data and index a checkpoint was trained on."""
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: Trainer, weight_decay: float) -> None:
+    """AdamW's decoupled decay ``w <- w (1 - lr wd)`` on the given rows of ``wl`` only, at the
+    current learning rate of the optimiser's ``wl`` group (``wl_decay: touched``)."""
+    lr = next(g["lr"] for g in trainer.optimizer.param_groups if g.get("group") == "wl")
+    with torch.no_grad():
+        r = torch.unique(rows.to(wl.device))
+        wl[r] *= 1.0 - lr * weight_decay
+
+
+def _set_wl_trainable(model: EliasModel, on: bool) -> None:
+    model.wl.requires_grad_(on)
+    if model.wl_bias is not None:
+        model.wl_bias.requires_grad_(on)
+
+
+def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, params: EliasParams,
+                ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
+                on_step: Callable[[int, dict[str, float]], Any] | None = None,
+                valid: tuple[neural.TokenData, sp.spmatrix] | None = None,
+                fingerprint: Mapping[str, Any] | None = None) -> Trainer:
+    """Train ``model`` (either stage: ``A_value`` is trained iff it requires grad) with §3.3's loss.
+
+    ``params`` must be resolved (:meth:`EliasParams.resolved`).  Resumes from ``ckpt_dir``.
+    Returns the :class:`Trainer`; the model ends on the training device, with
+    the SWA average copied in when ``swa_epochs > 0``.
+    """
+    log = log or neural._default_log
+    tp = params.train_params()
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    Y.sort_indices()
+    n = len(tokens)
+    if Y.shape != (n, model.n_labels):
+        raise ValueError(f"Y has shape {Y.shape}, expected ({n}, {model.n_labels})")
+    decay_touched = params.wl_decay == "touched" and tp.weight_decay > 0
+    named_clf = [("Wc", model.Wc)] + ([] if decay_touched else [("wl", model.wl)])
+    if model.wl_bias is not None:
+        named_clf.append(("wl_bias", model.wl_bias))
+    groups = []
+    if model.encoder is not None:
+        groups += param_groups({"encoder": (model.encoder, params.lr_encoder)}, tp.weight_decay)
+    groups += param_groups({"clf": (named_clf, params.lr_clf)}, tp.weight_decay)
+    if decay_touched:       # no AdamW decay on W_L: step_end decays the rows each step touched
+        groups += param_groups({"wl": ([("wl", model.wl)], params.lr_clf)}, 0.0)
+    touched: list[torch.Tensor] = []
+    if model.A_value.requires_grad:
+        groups += param_groups({"A": ([("A_value", model.A_value)], params.lr_A)}, params.weight_decay_A)
+    swa, swa_start = None, tp.steps
+    if params.swa_epochs > 0:
+        swa_steps = max(1, round(params.swa_epochs * params.steps_per_epoch(n)))
+        swa_start = max(0, tp.steps - swa_steps)
+        swa = _Swa(model)
+    box = _TrainBox(model, swa)
+    fp = {"stage_model": model.describe(), "lr_encoder": params.lr_encoder, "lr_A": params.lr_A,
+          "weight_decay_A": params.weight_decay_A, "lambda_": params.lambda_, "eps": params.eps,
+          "wl_delay_steps": params.wl_delay_steps, "wl_decay": params.wl_decay, "swa_epochs": params.swa_epochs, "encoder": params.encoder,
+          "pooling": params.pooling, "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
+          "A": digest(model.A_index.cpu().numpy())}
+    fp.update(dict(fingerprint or {}))
+    trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp)
+    _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
+
+    vt = vY = None
+    if valid is not None and params.eval_every > 0:
+        vt, vY = valid
+        vY = sp.csr_matrix(vY)
+        if len(vt) > params.eval_max_docs:
+            sub = np.sort(np.random.default_rng(params.seed).choice(len(vt), params.eval_max_docs, replace=False))
+            vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
+
+    def step_end(step: int) -> dict[str, float] | None:
+        if touched:
+            decay_touched_rows(model.wl, torch.cat(touched), trainer, tp.weight_decay)
+            touched.clear()
+        if step == params.wl_delay_steps:
+            _set_wl_trainable(model, True)
+        if swa is not None and step > swa_start:
+            swa.update(model)
+        if vt is None or (step % params.eval_every and step != tp.steps):
+            return None
+        r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=tp.amp,
+                    shortlist_topk=model.K, with_emb=False, progress=None)
+        m = shortlist_metrics(r["shortlist"], r["scores"], vY)
+        log.info("step %d: valid shortlist recall@%d %.4f, P@1 %.4f (%d documents)", step, model.K,
+                 m["shortlist_recall"], m["p_at_1"], len(vt))
+        return {"valid_shortlist_recall": m["shortlist_recall"], "valid_p_at_1": m["p_at_1"]}
+
+    def batch_fn(idx: np.ndarray):
+        ids, mask = tokens.batch(idx)
+        sub = Y[idx]
+        rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
+        return ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
+
+    def loss_fn(m: _TrainBox, batch):
+        ids, mask, rows, labels = batch
+        out = m.elias(ids, mask, rows, labels)
+        loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
+        if decay_touched and model.wl.requires_grad:
+            touched.append(out.labels[out.labels >= 0].detach())
+        return loss, {"loss_c": float(lc), "loss_s": float(ls)}
+
+    trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
+    _set_wl_trainable(model, True)
+    if swa is not None:
+        swa.copy_to(model)
+    return trainer
