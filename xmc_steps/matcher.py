@@ -238,21 +238,7 @@ class MatcherParams(Params):
         self.train_params(1)  # validates the training fields
 
     _what = "matcher parameter"
-    _INTS = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "length_bucket", "topb", "checkpoint_every",
-             "eval_every", "eval_max_docs", "eval_batch_size", "log_every", "seed", "threads"}
-    _FLOATS = {"epochs", "lr", "lr_head", "warmup", "weight_decay", "max_grad_norm", "head_init_l2"}
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "MatcherParams":
-        cls.check_keys(d)
-        kw = {}
-        for k, v in d.items():
-            if v is not None and k in cls._INTS:
-                v = int(v)
-            elif v is not None and k in cls._FLOATS:
-                v = float(v)
-            kw[k] = v
-        return cls(**kw)
 
     def schedule(self, n_train: int) -> tuple[int, int]:
         """``(steps, warmup_steps)`` for ``n_train`` training documents.

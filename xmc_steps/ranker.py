@@ -21,26 +21,26 @@ is regularised like the other weights, as in liblinear/PECOS).  Score:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from .negatives import KINDS as NEGATIVE_KINDS
+from .params import Params
 from .stage import StageError
 
 log = logging.getLogger("xmc.ranker")
 
 
 @dataclass
-class RankerParams:
+class RankerParams(Params):
     """Hyper-parameters of the linear rankers (PECOS defaults)."""
 
     C: float = 1.0  # inverse regularisation strength
@@ -71,26 +71,7 @@ class RankerParams:
         if self.bias < 0:
             raise ValueError(f"ranker bias must be >= 0, got {self.bias}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "RankerParams":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown ranker parameter(s): {sorted(unknown)}")
-        types = {f.name: f.type for f in fields(cls)}
-        conv = {"float": float, "int": int, "str": str}
-        return cls(**{k: conv.get(str(types[k]), lambda x: x)(v) for k, v in d.items()})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, s: str) -> "RankerParams":
-        return cls.from_dict(json.loads(s))
+    _what = "ranker parameter"
 
 
 def append_bias(X: sp.spmatrix, bias: float = 1.0) -> sp.csr_matrix:

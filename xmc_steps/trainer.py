@@ -49,7 +49,6 @@ thread count).  Checkpoints written under other training parameters or another
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -69,6 +68,7 @@ from torch import nn
 
 from .neural import (amp_dtype, autocast_context, check_amp, load_model, needs_grad_scaler, resolve_device, save_model,
                      to_device)
+from .params import Params
 
 CKPT_FORMAT = "xmc-trainer-ckpt-v1"
 
@@ -79,7 +79,7 @@ _default_log = logging.getLogger("xmc.trainer")
 
 
 @dataclass
-class TrainParams:
+class TrainParams(Params):
     steps: int = 1000             # total optimisation steps
     batch_size: int = 32          # sequences per micro-batch
     grad_accum: int = 1           # micro-batches per optimisation step
@@ -106,26 +106,8 @@ class TrainParams:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         check_amp(self.amp)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    _what = "training parameter"
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrainParams":
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(f"unknown training parameter(s): {', '.join(unknown)}")
-        kw = {}
-        for k, v in d.items():
-            typ = names[k].type
-            if typ in ("int", int):
-                v = int(v)
-            elif typ in ("float", float):
-                v = float(v)
-            elif typ in ("str", str):
-                v = str(v)
-            kw[k] = v
-        return cls(**kw)
 
     # fields that change the training trajectory (a checkpoint under other values is not resumed)
     TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",

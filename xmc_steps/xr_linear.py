@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -87,15 +86,6 @@ class XRLinearParams(Params):
 
     _what = "xr-linear parameter"
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "XRLinearParams":
-        p = super().from_dict(d)
-        types = {f.name: str(f.type) for f in fields(cls)}
-        conv = {"float": float, "int": int, "str": str}
-        for k in dict(d or {}):
-            setattr(p, k, conv[types[k]](getattr(p, k)))
-        p.__post_init__()
-        return p
 
 
 class XRLinearModel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 
 from .. import neural
@@ -63,11 +62,6 @@ class EliasParams(Params):
     topk: int = 100                 # prediction: labels written per document
     shortlist_topk: int | None = None  # prediction: shortlist entries written (None: topk)
 
-    _INTS = {"last_k", "max_length", "steps", "batch_size", "grad_accum", "warmup_steps", "b", "K", "kappa",
-             "wl_delay_steps", "checkpoint_every", "eval_every", "eval_max_docs", "eval_batch_size", "log_every",
-             "seed", "threads", "topk", "shortlist_topk"}
-    _FLOATS = {"epochs", "lr_encoder", "lr_clf", "lr_A", "weight_decay", "weight_decay_A", "max_grad_norm", "alpha",
-               "beta", "lambda_", "eps", "swa_epochs"}
 
     def __post_init__(self) -> None:
         if self.pooling not in neural.POOLINGS:
@@ -100,21 +94,6 @@ class EliasParams(Params):
 
     _what = "ELIAS parameter"
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EliasParams":
-        cls.check_keys(d)
-        kw = {}
-        for k, v in d.items():
-            if v is not None and k in cls._INTS:
-                v = int(v)
-            elif v is not None and k in cls._FLOATS:
-                v = float(v)
-            elif k == "wl_bias":
-                v = bool(v)
-            elif k in ("amp", "device", "encoder", "pooling"):
-                v = str(v)
-            kw[k] = v
-        return cls(**kw)
 
     def resolved(self, stage: int, n_train: int, n_labels: int, n_clusters: int) -> "EliasParams":
         """A copy with every ``None`` default filled in for ``stage`` (see the module docstring)."""

@@ -1,0 +1,82 @@
+"""The one parameter shape: type-driven conversion from JSON/YAML values, errors that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from xmc_steps.elias import EliasParams
+from xmc_steps.matcher import MatcherParams
+from xmc_steps.params import Params, convert
+from xmc_steps.ranker import RankerParams
+from xmc_steps.trainer import TrainParams
+from xmc_steps.xr_linear import XRLinearParams
+
+
+@dataclass
+class _Inner(Params):
+    C: float = 1.0
+    n: int = 2
+    _what = "inner parameter"
+
+
+@dataclass
+class _Outer(Params):
+    name: str = "x"
+    flag: bool = False
+    steps: int | None = None
+    sizes: list[int] = field(default_factory=list)
+    inner: _Inner = field(default_factory=_Inner)
+    _what = "outer parameter"
+
+
+def test_values_become_their_annotated_types_recursively():
+    p = _Outer.from_dict({"name": 5, "flag": "off", "steps": "600", "sizes": ["1", 2.0], "inner": {"C": "1e-4", "n": 3.0}})
+    assert p == _Outer(name="5", flag=False, steps=600, sizes=[1, 2], inner=_Inner(C=1e-4, n=3))
+    assert isinstance(p.inner.C, float) and isinstance(p.steps, int)
+    assert _Outer.from_dict(p.to_dict()) == p                       # round trip through a dict ...
+    assert _Outer.from_json(p.to_json()) == p                       # ... and through JSON
+    assert _Outer.from_dict({"steps": None}).steps is None
+
+
+@pytest.mark.parametrize("d, message", [
+    ({"steps": 0.5}, "outer parameter steps must be an integer, got 0.5"),
+    ({"flag": "maybe"}, "outer parameter flag must be true or false"),
+    ({"sizes": "12"}, "outer parameter sizes must be a list"),
+    ({"sizes": [1, "x"]}, r"outer parameter sizes\[1\] must be an integer"),
+    ({"inner": {"C": "big"}}, "inner parameter C must be a number"),
+    ({"inner": {"D": 1}}, r"unknown inner parameter\(s\): D"),
+    ({"stpes": 3}, r"unknown outer parameter\(s\): stpes \(known: flag, inner, name, sizes, steps\)"),
+])
+def test_a_mistyped_value_is_an_error_naming_the_parameter(d, message):
+    with pytest.raises(ValueError, match=message):
+        _Outer.from_dict(d)
+
+
+def test_convert_keeps_large_integers_exact_and_rejects_booleans_as_numbers():
+    assert convert(2**63 + 1, int, "x") == 2**63 + 1
+    assert convert(str(2**63 + 1), int, "x") == 2**63 + 1
+    with pytest.raises(ValueError):
+        convert(True, int, "x")
+    with pytest.raises(ValueError):
+        convert(True, float, "x")
+
+
+@pytest.mark.parametrize("cls", [RankerParams, TrainParams, MatcherParams, EliasParams, XRLinearParams])
+def test_every_stage_parameter_class_shares_the_shape(cls):
+    assert issubclass(cls, Params)
+    p = cls()
+    assert cls.from_dict(p.to_dict()) == p
+    with pytest.raises(ValueError, match="unknown"):
+        cls.from_dict({"no_such_setting": 1})
+
+
+def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
+    assert EliasParams.from_dict({"lr_clf": "1e-2", "K": "2000", "wl_bias": "true"}).lr_clf == 1e-2
+    assert MatcherParams.from_dict({"steps": 600.0, "allow_weak": "no"}).allow_weak is False
+    assert RankerParams.from_dict({"C": "2", "max_iter": "50"}) == RankerParams(C=2.0, max_iter=50)
+    with pytest.raises(ValueError, match="ranker negatives must be one of"):
+        RankerParams.from_dict({"negatives": "random"})
+    with pytest.raises(ValueError, match="training parameter batch_size must be an integer"):
+        TrainParams.from_dict({"batch_size": "thirty-two"})
