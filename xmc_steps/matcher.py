@@ -147,7 +147,6 @@ steps (default: ten points per run); the final model is the one after the last s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import math
 import os
@@ -168,7 +167,7 @@ from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .devices import require_device
 from .params import Params
 from .stage import StageError, add_common_args, cli_main, stage_run
-from .trainer import TrainParams, Trainer, list_checkpoints, param_groups
+from .trainer import TrainParams, Trainer, digest, list_checkpoints, param_groups
 
 FORMAT = "xmc-matcher-v1"
 SPLITS = ("train", "valid", "test")
@@ -293,14 +292,6 @@ def cluster_targets(Y: sp.spmatrix, C: sp.spmatrix) -> sp.csr_matrix:
     M.sort_indices()
     return M.astype(np.float32)
 
-
-def _digest(*arrays: np.ndarray) -> str:
-    h = hashlib.sha1()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- prediction
@@ -629,7 +620,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
     fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,
                    "lr_head": lr_head, "head_init": params.head_init,
                    "head_init_l2": params.head_init_l2 if params.head_init == "linear" else None,
-                   "data": _digest(tokens_train.input_ids, tokens_train.lengths, M_train.indptr, M_train.indices)}
+                   "data": digest(tokens_train.input_ids, tokens_train.lengths, M_train.indptr, M_train.indices)}
     b = guard_width(params.topb, K)
     log.info("matcher schedule: %d steps (%.2f epochs of %d documents at batch %d x %d), warm-up %d steps",
              tp.steps, tp.steps * tp.batch_size * tp.grad_accum / max(len(tokens_train), 1), len(tokens_train),

@@ -49,6 +49,7 @@ thread count).  Checkpoints written under other training parameters or another
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -176,6 +177,16 @@ def param_groups(named_params_by_group: Mapping[str, tuple[Any, float]], weight_
 
 
 # --------------------------------------------------------------------------- checkpoints
+
+
+def digest(*arrays: np.ndarray) -> str:
+    """A fingerprint of arrays (dtype, shape and bytes): what a checkpoint was trained on (a run's ``fingerprint``)."""
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
 
 
 def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:

@@ -34,10 +34,11 @@ import torch
 from .. import encoders, io, neural
 from ..devices import require_device
 from ..stage import StageError, add_common_args, stage_run
+from ..trainer import digest
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
                     load_elias, predict, shortlist_metrics)
 from .params import EliasParams
-from .train import digest, train_elias
+from .train import train_elias
 
 # --------------------------------------------------------------------------- CLI
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from typing import Any, Callable, Mapping
@@ -14,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import neural
-from ..trainer import Trainer, param_groups
+from ..trainer import Trainer, digest, param_groups
 from .loss import elias_loss
 from .model import EliasModel, predict, shortlist_metrics
 from .params import EliasParams
@@ -60,15 +59,6 @@ class _TrainBox(nn.Module):
         self.elias = model
         self.swa = swa
 
-
-def digest(*arrays: np.ndarray) -> str:
-    """A fingerprint of arrays (dtype, shape and bytes): which data and index a checkpoint was trained on."""
-    h = hashlib.sha1()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
 
 
 def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: Trainer, weight_decay: float) -> None:
