@@ -16,7 +16,6 @@ from . import io
 from .cluster_tree import hierarchical_kmeans, tree_levels
 from .stage import StageError, add_common_args, cli_main, stage_run
 
-
 # --------------------------------------------------------------------------- CLI
 
 

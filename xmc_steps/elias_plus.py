@@ -47,8 +47,8 @@ import scipy.sparse as sp
 from . import io
 from .params import Params
 from .ranker import RankerParams, append_bias, ranker_features, train_rankers
-from .stage import StageError, add_common_args, cli_main, stage_run
 from .search import masked_product, topk_per_row, transform
+from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-elias-plus-v1"
 

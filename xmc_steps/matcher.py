@@ -150,7 +150,6 @@ import argparse
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,12 +161,13 @@ import torch
 from torch import nn
 
 from . import encoders, io, neural
-from .negatives import binarize
-from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .devices import require_device
+from .negatives import binarize
+from .neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
 from .params import Params
+from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
-from .trainer import TrainParams, Trainer, digest, list_checkpoints, param_groups
+from .trainer import Trainer, TrainParams, digest, list_checkpoints, param_groups
 
 FORMAT = "xmc-matcher-v1"
 SPLITS = ("train", "valid", "test")
@@ -690,7 +690,8 @@ def load_matcher(folder: str | os.PathLike, device: str | torch.device = "cpu") 
 def load_cluster_assignment(path: str | os.PathLike) -> sp.csr_matrix:
     """``C`` (L x K, 0/1) from a CSR ``.npz`` or from a cluster tree of :mod:`xmc_steps.cluster`
     (whose finest cluster level is then the flat assignment)."""
-    from .cluster_tree import FORMAT as TREE_FORMAT, ClusterTree
+    from .cluster_tree import FORMAT as TREE_FORMAT
+    from .cluster_tree import ClusterTree
 
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -756,16 +757,8 @@ def main(argv: list[str] | None = None) -> None:
                                            log=st.log))
         st.params.clear()
         st.params.update(params.to_dict())
-        if params.threads:
-            torch.set_num_threads(params.threads)
         with st.timed("load"):
-            tdir = Path(args.tokens_dir)
-            tokens = {}
-            for s in SPLITS:
-                try:
-                    tokens[s] = neural.TokenData.load(tdir / f"tokens_{s}.npz")
-                except (OSError, ValueError) as e:
-                    raise StageError(f"tokens_{s}.npz: {e}") from e
+            tokens = load_tokens(args.tokens_dir, SPLITS)
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
             C = load_cluster_assignment(args.cluster_assign)
             linear: dict[str, sp.csr_matrix] = {}
@@ -791,10 +784,6 @@ def main(argv: list[str] | None = None) -> None:
         st.log.info("matcher: encoder %s (%s pooling), K = %d clusters, %d train / %d valid / %d test documents, "
                     "max_length %d, M_train nnz %d", params.encoder, params.pooling, K, len(tokens["train"]),
                     len(tokens["valid"]), len(tokens["test"]), width, M_train.nnz)
-        device = neural.resolve_device(params.device)  # already checked by require_device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
         # the validation curve survives a kill: kept beside the checkpoints, and a point at or
         # after the step a run starts from (a fresh start evaluates step 0) replaces the older run's
         ckpt_dir = out / "checkpoints"
@@ -813,93 +802,84 @@ def main(argv: list[str] | None = None) -> None:
                 ckpt_dir.mkdir(parents=True, exist_ok=True)
                 io.write_json(curve_path, {str(k): v for k, v in sorted(curve.items())})
 
-        with st.timed("train"):
-            try:
-                model, trainer = train_matcher(tokens["train"], M_train, params, ckpt_dir, st.log, on_step,
-                                               valid=(tokens["valid"], M_valid))
-            except OSError as e:
-                raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
-        st.metric("train_steps", trainer.step)
-        st.metric("train_epochs", trainer.step * params.batch_size * params.grad_accum / max(len(tokens["train"]), 1))
-        st.metric("resumed_from_step", trainer.resumed_from or 0)
-        st.metric("train_seq_per_s", trainer.throughput)
-        st.metric("train_time_s", trainer.train_time)
+        with training_device(st, params):
+            with st.timed("train"):
+                try:
+                    model, trainer = train_matcher(tokens["train"], M_train, params, ckpt_dir, st.log, on_step,
+                                                   valid=(tokens["valid"], M_valid))
+                except OSError as e:
+                    raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
+            record_training(st, trainer)
+            st.metric("train_epochs", trainer.step * params.batch_size * params.grad_accum / max(len(tokens["train"]), 1))
 
-        n_pred, t_pred = 0, 0.0
-        embs = {}
-        for s in ("valid", "train", "test"):
-            with st.timed(f"predict_{s}"):
-                t0 = time.perf_counter()
-                embs[s] = neural.embed(model.encoder, tokens[s], params.eval_batch_size, trainer.device, params.amp,
-                                       progress=st.log.info)
-                t_pred += time.perf_counter() - t0
-                n_pred += len(tokens[s])
-        with st.timed("head_and_guard"):
-            report, head = finish_matcher(model, embs["train"], M_train, embs["valid"], M_valid, params,
-                                          trainer.device, linear_valid, fuse=len(linear) == len(SPLITS))
-        if "scorers" in head:
-            st.log.info("scorer: valid cluster recall@%d %s; writing the %s scores", report.b,
-                        ", ".join(f"{k} {v:.4f}" for k, v in head.get("scorers", {}).items()), report.scorer)
-        if "refit" in head:
-            st.log.info("head: valid cluster recall@%d %.4f as trained, %.4f re-fit by least squares on the "
-                        "fine-tuned embeddings: keeping the %s head", report.b, head["trained"], head["refit"],
-                        head["kept"])
-            st.metric("valid_cluster_recall_at_b_trained_head", head["trained"])
-            st.metric("valid_cluster_recall_at_b_refit_head", head["refit"])
-        W = model.head.weight.detach().float().cpu().numpy()
-        preds = {}
-        for s in SPLITS:
-            with st.timed(f"predict_{s}"):
-                t0 = time.perf_counter()
-                top = (head_linear_topb(embs[s], W, linear[s], params.topb, trainer.device)
-                       if report.scorer == "head+linear" else topb_from_emb(embs[s], W, params.topb, trainer.device))
-                preds[s] = (top, embs[s])
-                t_pred += time.perf_counter() - t0
-        st.metric("valid_cluster_p_at_1", top1_precision(preds["valid"][0], M_valid))
-        st.metric("valid_cluster_recall_at_b", report.matcher)
-        for name, v in head.get("scorers", {}).items():
-            st.metric(f"valid_cluster_recall_at_b_scorer_{name.replace('+', '_')}", v)
-        for name, v in report.baselines.items():
-            st.metric(f"valid_cluster_recall_at_b_{name}", v)
-        st.log.info("guard: valid cluster recall@%d: matcher %.4f; %s", report.b, report.matcher,
-                    ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()))
-        if report.union is not None:
-            st.log.info("guard: with the linear tree's top-%d: recall %.4f (%.1f clusters per document) against the "
-                        "tree alone with as many clusters %.4f", report.b, report.union, report.union_clusters,
-                        report.linear_same_budget)
-            st.metric("valid_cluster_recall_union", report.union)
-            st.metric("valid_cluster_recall_linear_same_budget", report.linear_same_budget)
-        io.write_json(out / "guard.json", {**report.to_dict(), "head": head,
-                                           "curve": {str(k): v for k, v in sorted(curve.items())},
-                                           "allow_weak": params.allow_weak})
-        st.output("guard", out / "guard.json")
-        plot_curve(out / "curve.png", curve, report, K)
-        st.output("curve", out / "curve.png")
-        if not report.passed:
-            if not params.allow_weak:
-                raise StageError(report.message())
-            st.log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", report.message())
-        meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
-                "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
-                "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
-                "n_train": len(tokens["train"]), "device": str(trainer.device)}
-        neural.save_model(model, out / "model.safetensors", metadata={"format": FORMAT})
-        io.write_json(out / "matcher.json", meta)
-        st.output("model", out / "model.safetensors")
-        st.output("matcher_json", out / "matcher.json")
-        st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / "matcher.json")]
-        st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
-        for s in SPLITS:
-            scores, emb = preds[s]
-            io.save_arrays(out / f"emb_{s}.npz", emb=emb)
-            io.save_csr(out / f"clusters_{s}.npz", scores)
-            st.output(f"emb_{s}", out / f"emb_{s}.npz")
-            st.output(f"clusters_{s}", out / f"clusters_{s}.npz")
-        st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
-        st.online_cost(st.timings.get("predict_test", 0.0), len(tokens["test"]))   # encoder pass + top-b
-        if device.type == "cuda":
-            st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+            n_pred, t_pred = 0, 0.0
+            embs = {}
+            for s in ("valid", "train", "test"):
+                with st.timed(f"predict_{s}"):
+                    t0 = time.perf_counter()
+                    embs[s] = neural.embed(model.encoder, tokens[s], params.eval_batch_size, trainer.device, params.amp,
+                                           progress=st.log.info)
+                    t_pred += time.perf_counter() - t0
+                    n_pred += len(tokens[s])
+            with st.timed("head_and_guard"):
+                report, head = finish_matcher(model, embs["train"], M_train, embs["valid"], M_valid, params,
+                                              trainer.device, linear_valid, fuse=len(linear) == len(SPLITS))
+            if "scorers" in head:
+                st.log.info("scorer: valid cluster recall@%d %s; writing the %s scores", report.b,
+                            ", ".join(f"{k} {v:.4f}" for k, v in head.get("scorers", {}).items()), report.scorer)
+            if "refit" in head:
+                st.log.info("head: valid cluster recall@%d %.4f as trained, %.4f re-fit by least squares on the "
+                            "fine-tuned embeddings: keeping the %s head", report.b, head["trained"], head["refit"],
+                            head["kept"])
+                st.metric("valid_cluster_recall_at_b_trained_head", head["trained"])
+                st.metric("valid_cluster_recall_at_b_refit_head", head["refit"])
+            W = model.head.weight.detach().float().cpu().numpy()
+            preds = {}
+            for s in SPLITS:
+                with st.timed(f"predict_{s}"):
+                    t0 = time.perf_counter()
+                    top = (head_linear_topb(embs[s], W, linear[s], params.topb, trainer.device)
+                           if report.scorer == "head+linear" else topb_from_emb(embs[s], W, params.topb, trainer.device))
+                    preds[s] = (top, embs[s])
+                    t_pred += time.perf_counter() - t0
+            st.metric("valid_cluster_p_at_1", top1_precision(preds["valid"][0], M_valid))
+            st.metric("valid_cluster_recall_at_b", report.matcher)
+            for name, v in head.get("scorers", {}).items():
+                st.metric(f"valid_cluster_recall_at_b_scorer_{name.replace('+', '_')}", v)
+            for name, v in report.baselines.items():
+                st.metric(f"valid_cluster_recall_at_b_{name}", v)
+            st.log.info("guard: valid cluster recall@%d: matcher %.4f; %s", report.b, report.matcher,
+                        ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()))
+            if report.union is not None:
+                st.log.info("guard: with the linear tree's top-%d: recall %.4f (%.1f clusters per document) against the "
+                            "tree alone with as many clusters %.4f", report.b, report.union, report.union_clusters,
+                            report.linear_same_budget)
+                st.metric("valid_cluster_recall_union", report.union)
+                st.metric("valid_cluster_recall_linear_same_budget", report.linear_same_budget)
+            io.write_json(out / "guard.json", {**report.to_dict(), "head": head,
+                                               "curve": {str(k): v for k, v in sorted(curve.items())},
+                                               "allow_weak": params.allow_weak})
+            st.output("guard", out / "guard.json")
+            plot_curve(out / "curve.png", curve, report, K)
+            st.output("curve", out / "curve.png")
+            if not report.passed:
+                if not params.allow_weak:
+                    raise StageError(report.message())
+                st.log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", report.message())
+            meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
+                    "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
+                    "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
+                    "n_train": len(tokens["train"]), "device": str(trainer.device)}
+            save_trained(st, out, model, "matcher.json", meta, FORMAT)
+            for s in SPLITS:
+                scores, emb = preds[s]
+                io.save_arrays(out / f"emb_{s}.npz", emb=emb)
+                io.save_csr(out / f"clusters_{s}.npz", scores)
+                st.output(f"emb_{s}", out / f"emb_{s}.npz")
+                st.output(f"clusters_{s}", out / f"clusters_{s}.npz")
+            st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
+            st.online_cost(st.timings.get("predict_test", 0.0), len(tokens["test"]))   # encoder pass + top-b
+        remove_checkpoints(ckpt_dir)
 
 
 def plot_curve(path: str | os.PathLike, curve: Mapping[int, Mapping[str, float]], report: GuardReport, K: int) -> None:

@@ -80,8 +80,8 @@ from .cluster_tree import ClusterTree
 from .negatives import binarize, combine
 from .params import Params
 from .ranker import RankerParams, append_bias, ranker_features, train_rankers
-from .stage import StageError, add_common_args, cli_main, stage_run
 from .search import SCORE_FLOOR, TRANSFORMS, expand_children, masked_product, matcher_scores, topk_per_row, transform
+from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-xtransformer-ranker-v1"
 COMBINERS = ("product", "ranker", "mean")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,6 +32,7 @@ import torch
 
 from .. import encoders, io, neural
 from ..devices import require_device
+from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
 from ..stage import StageError, add_common_args, stage_run
 from ..trainer import digest
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
@@ -64,16 +64,8 @@ def _train_main(args: argparse.Namespace) -> None:
     names = ["model.safetensors", "elias.json"] + (["clusters_train.npz"] if stage == 1 else [])
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in names]) as st:
         params = _parse_params(st, args, f"elias_stage{stage}")
-        if params.threads:
-            torch.set_num_threads(params.threads)
         with st.timed("load"):
-            tdir = Path(args.tokens_dir)
-            tokens = {}
-            for s in ("train", "valid"):
-                try:
-                    tokens[s] = neural.TokenData.load(tdir / f"tokens_{s}.npz")
-                except (OSError, ValueError) as e:
-                    raise StageError(f"tokens_{s}.npz: {e}") from e
+            tokens = load_tokens(args.tokens_dir, ("train", "valid"))
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
             meta1 = None
             if stage == 1:
@@ -148,47 +140,33 @@ def _train_main(args: argparse.Namespace) -> None:
                     "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
                     stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
                     params.beta, params.lambda_, params.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
-        device = neural.resolve_device(params.device)  # already checked by require_device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
         on_step = st.step_logger({"loss": "train_loss"})
-
         ckpt_dir = out / "checkpoints"
-        with st.timed("train"):
-            trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
-                                  valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
-        st.metric("train_steps", trainer.step)
-        st.metric("resumed_from_step", trainer.resumed_from or 0)
-        st.metric("train_seq_per_s", trainer.throughput)
-        st.metric("train_time_s", trainer.train_time)
-        with st.timed("valid"):
-            r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
-                        amp=params.amp, shortlist_topk=model.K, with_emb=False, progress=st.log.info)
-            m = shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
-        st.metric("valid_shortlist_recall", m["shortlist_recall"])
-        st.metric("valid_p_at_1", m["p_at_1"])
-        meta = {"format": FORMAT, "stage": stage, "encoder": params.encoder,
-                "encoder_path": str(encoders.resolve(params.encoder)), "pooling": params.pooling,
-                "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
-                "train_steps": trainer.step, "n_train": len(tokens["train"]), "device": str(trainer.device),
-                "init": str(args.init) if stage == 2 else None, "labels_unreachable": unreachable,
-                "valid": m}
-        neural.save_model(model, out / "model.safetensors", metadata={"format": FORMAT})
-        io.write_json(out / "elias.json", meta)
-        st.output("model", out / "model.safetensors")
-        st.output("elias_json", out / "elias.json")
-        st.extra["model_paths"] = {"model": str(out / "model.safetensors"), "config": str(out / "elias.json")}
-        st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
-        if stage == 1:
-            with st.timed("clusters_train"):
-                M = cluster_topb(model, tokens["train"], params.b, params.eval_batch_size, trainer.device, params.amp,
-                                 progress=st.log.info)
-            io.save_csr(out / "clusters_train.npz", M)
-            st.output("clusters_train", out / "clusters_train.npz")
-        if device.type == "cuda":
-            st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        with training_device(st, params):
+            with st.timed("train"):
+                trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
+                                      valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
+            record_training(st, trainer)
+            with st.timed("valid"):
+                r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
+                            amp=params.amp, shortlist_topk=model.K, with_emb=False, progress=st.log.info)
+                m = shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
+            st.metric("valid_shortlist_recall", m["shortlist_recall"])
+            st.metric("valid_p_at_1", m["p_at_1"])
+            meta = {"format": FORMAT, "stage": stage, "encoder": params.encoder,
+                    "encoder_path": str(encoders.resolve(params.encoder)), "pooling": params.pooling,
+                    "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
+                    "train_steps": trainer.step, "n_train": len(tokens["train"]), "device": str(trainer.device),
+                    "init": str(args.init) if stage == 2 else None, "labels_unreachable": unreachable,
+                    "valid": m}
+            save_trained(st, out, model, "elias.json", meta, FORMAT)
+            if stage == 1:
+                with st.timed("clusters_train"):
+                    M = cluster_topb(model, tokens["train"], params.b, params.eval_batch_size, trainer.device, params.amp,
+                                     progress=st.log.info)
+                io.save_csr(out / "clusters_train.npz", M)
+                st.output("clusters_train", out / "clusters_train.npz")
+        remove_checkpoints(ckpt_dir)
 
 
 def _predict_main(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from .model import Shortlist
 
+
 def elias_loss(out: Shortlist, lambda_: float, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, L_c, L_s)`` of §3.3 (batch means of per-example sums; see the module docstring)."""
     if out.target is None or out.n_pos is None:

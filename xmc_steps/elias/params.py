@@ -6,11 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
 from .. import neural
 from ..params import Params
 from ..trainer import TrainParams
-
 
 STAGE_DEFAULTS = {
     1: {"epochs": 15.0, "lr_encoder": 1e-4, "lr_clf": 1e-2, "lr_A": 0.0, "lambda_": 0.0},

@@ -1,0 +1,83 @@
+"""What every neural training stage does around its own model (X-Transformer's matcher, ELIAS,
+and the methods to come), written once: reading the token splits, threads and device, the
+training metrics of the stage record, the saved model with its description, peak GPU memory,
+and removing the checkpoints once every output is written.
+
+A stage's training run reads::
+
+    tokens = load_tokens(args.tokens_dir, ("train", "valid"))
+    with training_device(st, params) as device:         # threads, device, peak GPU memory
+        trainer = ...                                    # the method's own loop on trainer.Trainer
+        record_training(st, trainer)
+        ...
+        save_trained(st, out, model, "elias.json", meta, FORMAT)
+    remove_checkpoints(out / "checkpoints")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from . import io, neural
+from .stage import StageError
+
+
+def load_tokens(tokens_dir: str | os.PathLike, splits: Iterable[str]) -> dict[str, neural.TokenData]:
+    """``tokens_{split}.npz`` of each split (:mod:`xmc_steps.tokenize`); a file that cannot be read is a
+    :class:`StageError` naming it."""
+    out = {}
+    for s in splits:
+        path = Path(tokens_dir) / f"tokens_{s}.npz"
+        try:
+            out[s] = neural.TokenData.load(path)
+        except (OSError, ValueError) as e:
+            raise StageError(f"{path}: {e}") from e
+    return out
+
+
+@contextlib.contextmanager
+def training_device(st, params: Any) -> Iterator[torch.device]:
+    """Set ``params.threads`` (torch intra-op threads, when given), resolve ``params.device`` (already
+    checked by :func:`xmc_steps.devices.require_device`) and, on CUDA, record the stage's peak GPU
+    memory as ``peak_gpu_mem_mb`` when the block completes."""
+    if getattr(params, "threads", None):
+        torch.set_num_threads(int(params.threads))
+    device = neural.resolve_device(params.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    yield device
+    if device.type == "cuda":
+        st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
+
+
+def record_training(st, trainer) -> None:
+    """The training figures of a finished :class:`xmc_steps.trainer.Trainer` run, as stage metrics."""
+    st.metric("train_steps", trainer.step)
+    st.metric("resumed_from_step", trainer.resumed_from or 0)
+    st.metric("train_seq_per_s", trainer.throughput)
+    st.metric("train_time_s", trainer.train_time)
+
+
+def save_trained(st, out: Path, model: nn.Module, json_name: str, meta: Mapping[str, Any], fmt: str) -> None:
+    """``out/model.safetensors`` and ``out/<json_name>`` (the model's description), both atomic, as
+    the stage's outputs ``model`` and ``<json stem>_json``; ``model_bytes`` as a metric."""
+    out = Path(out)
+    neural.save_model(model, out / "model.safetensors", metadata={"format": fmt})
+    io.write_json(out / json_name, dict(meta))
+    st.output("model", out / "model.safetensors")
+    st.output(f"{Path(json_name).stem}_json", out / json_name)
+    st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / json_name)]
+    st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
+
+
+def remove_checkpoints(ckpt_dir: str | os.PathLike) -> None:
+    """Drop a finished run's checkpoints (call it once every output is written: a failure before
+    that leaves them for the rerun to resume from)."""
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
