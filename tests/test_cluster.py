@@ -7,7 +7,9 @@ import scipy.sparse as sp
 from xmc_steps import io
 from xmc_steps.cluster import main as cluster_main
 from xmc_steps.cluster_tree import ClusterTree, balanced_2means, hierarchical_kmeans, tree_levels
-from xmc_steps.label_embedding import l2_normalize_rows, main as emb_main, pifa
+from xmc_steps.label_embedding import l2_normalize_rows, pifa
+from xmc_steps.label_embedding import main as emb_main
+from xmc_steps.stage import StageError
 
 
 def _random_emb(L, d=50, density=0.2, seed=0):
@@ -110,3 +112,14 @@ def test_cli(tmp_path):
     tree = ClusterTree.load(tmp_path / "tree.npz")
     assert tree.level_sizes == [1, 2, 4, 40]
     assert io.read_json(tmp_path / "rec.json")["metrics"]["n_clusters"] == 4
+    # the scheduler's --threads (any stage's common argument) is the stage's thread count, over --params;
+    # the tree does not depend on it
+    cluster_main(["--label-emb", str(tmp_path / "emb.npz"), "--out", str(tmp_path / "tree2.npz"),
+                  "--branching", "2", "--leaf-size", "10", "--record", str(tmp_path / "rec2.json"), "--no-tracking",
+                  "--threads", "2", "--params", '{"threads": 5}'])
+    assert io.read_json(tmp_path / "rec2.json")["params"]["threads"] == 2
+    assert np.array_equal(ClusterTree.load(tmp_path / "tree2.npz").assignment(-1), tree.assignment(-1))
+    with pytest.raises(StageError, match="--threads must be >= 1"):
+        cluster_main(["--label-emb", str(tmp_path / "emb.npz"), "--out", str(tmp_path / "tree3.npz"), "--threads", "0",
+                      "--no-tracking"])
+    assert not (tmp_path / "tree3.npz").exists()

@@ -79,6 +79,23 @@ def test_linear_targets_end_to_end(toy_linear_run):
     assert "Nothing to be done" in r.stdout + r.stderr
 
 
+def test_threads_and_rule_names_come_from_snakemake(tmp_path):
+    """`--cores 1` runs every stage on one thread whatever the config's `threads` says, and each
+    stage is told its own rule name."""
+    _toy(tmp_path)
+    r = _run(tmp_path, "results/toy/xr-linear.json", "results/toy/parabel.json", extra=["-n", "-p", "--cores", "1"],
+             overrides={"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 2}}})
+    shells = {}
+    for line in (r.stdout + r.stderr).splitlines():
+        if " -m xmc_steps." in line and "--rule " in line:
+            shells[line.split("--rule ", 1)[1].split()[0]] = line
+    assert {"tfidf", "cluster", "xr_linear_train", "parabel_train", "parabel_predict"} <= set(shells), sorted(shells)
+    for rule in ("cluster", "xr_linear_train", "parabel_train", "parabel_predict"):
+        assert "--threads 1 " in shells[rule], shells[rule]
+    assert all('"threads"' not in s for s in shells.values())      # never a setting in --params
+    assert "--threads" not in shells["xr_linear_predict"]            # a single-threaded stage
+
+
 def test_bad_config_key_stops_at_start(tmp_path):
     _toy(tmp_path)
     r = _run(tmp_path, "results/toy/xr-linear.json", overrides={"defaults": {"tfidf": {"ngrams": 3}}}, check=False)

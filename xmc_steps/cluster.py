@@ -5,7 +5,7 @@ tree layout).
 CLI::
 
     python -m xmc_steps.cluster --label-emb label_emb.npz --out tree.npz \
-        --branching 16 --leaf-size 100 --seed 0 --max-iter 20 [--threads N] [common args]
+        --branching 16 --leaf-size 100 --seed 0 --max-iter 20 [common args, e.g. --threads N]
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--leaf-size", type=int, default=100, help="max labels per leaf cluster")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-iter", type=int, default=20, help="2-means iterations per node")
-    p.add_argument("--threads", type=int, default=1)
     add_common_args(p)
     args = p.parse_args(argv)
     with stage_run("cluster", args, outputs=[args.out]) as st:
         # --params keys (branching, leaf_size, seed, max_iter, threads) override the flags
         cfg = {"branching": args.branching, "leaf_size": args.leaf_size, "seed": args.seed,
-               "max_iter": args.max_iter, "threads": args.threads}
+               "max_iter": args.max_iter, "threads": 1}
         unknown = set(st.params) - set(cfg)
         if unknown:
             raise StageError(f"unknown cluster parameter(s): {sorted(unknown)}")

@@ -53,6 +53,9 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--phase", choices=("data", "train", "predict", "eval"), default=None,
                    help="what the stage's cost counts towards in results (default: by stage name)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the threads the scheduler gave this job (Snakemake's {threads}); sets the parameter "
+                        "threads, over any value in --params")
     return p
 
 
@@ -63,6 +66,11 @@ def parse_params(args: argparse.Namespace) -> dict[str, Any]:
         raise StageError(f"--params is not valid JSON: {e}") from e
     if not isinstance(params, dict):
         raise StageError("--params must be a JSON object")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise StageError(f"--threads must be >= 1, got {threads}")
+        params["threads"] = threads
     return params
 
 

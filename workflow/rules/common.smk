@@ -61,10 +61,11 @@ def res(rule, key, default):
     return get
 
 
-def P(*sections, nest=False, keep=None, drop=(), threads=True):
+def P(*sections, nest=False, keep=None, drop=()):
     """A params function: the JSON of the given settings sections, merged into one
     object (or kept under their names with ``nest=True``); ``keep``/``drop`` select
-    keys of the merged object; the stage's thread count is added unless ``threads=False``."""
+    keys of the merged object.  (A stage's thread count is not a setting: rules pass
+    Snakemake's ``--threads {threads}``, so ``--cores 1`` runs every stage on one thread.)"""
 
     def f(wildcards):
         s = S(wildcards)
@@ -75,14 +76,14 @@ def P(*sections, nest=False, keep=None, drop=(), threads=True):
             else:
                 out.update(s[sec])
         out = {k: v for k, v in out.items() if (keep is None or k in keep) and k not in drop}
-        if threads:
-            out["threads"] = s["threads"]
         return json.dumps(out, sort_keys=True)
 
     return f
 
 
 def threads_of(wildcards):
+    """The threads a multi-threaded rule asks for: the dataset's ``threads`` setting (Snakemake
+    caps it at ``--cores`` and passes what it grants as ``--threads {threads}``)."""
     return S(wildcards)["threads"]
 
 

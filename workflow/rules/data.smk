@@ -24,7 +24,7 @@ rule prepare:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.prepare_debtags --out {params.out} --work-dir {params.workdir} "
-        "--log {log:q} --dataset debtags --rule prepare"
+        "--log {log:q} --dataset debtags --rule {rule}"
 
 
 rule ingest:
@@ -56,4 +56,4 @@ rule ingest:
         "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "
         "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) "
         "--out {params.out} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule ingest --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"

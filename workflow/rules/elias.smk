@@ -10,7 +10,7 @@ def elias_params(stage):
     def f(w):
         s = S(w)
         el = s["elias"]
-        p = {"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen), "threads": s["threads"]}
+        p = {"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen)}
         p.update(el["train"])
         p.update({k: v for k, v in el["index"].items() if v is not None})
         p.update(el[f"stage{stage}"])
@@ -53,7 +53,7 @@ rule elias_stage1:
         "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_stage1 --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
 
 
 rule elias_stage2:
@@ -86,7 +86,7 @@ rule elias_stage2:
         "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
         "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_stage2 --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
 
 
 rule elias_predict:
@@ -105,7 +105,7 @@ rule elias_predict:
     log:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "threads": S(w)["threads"],
+        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"],
                                        "device": S(w)["elias"]["train"]["device"],
                                        "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
@@ -124,12 +124,12 @@ rule elias_predict:
         "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} "
         "--phase {params.phase} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_predict --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
 
 
 def plus_params(w):
     s = S(w)
-    return json.dumps(dict(s["elias"]["plus"], threads=s["threads"], topk=s["evaluate"]["topk"]), sort_keys=True)
+    return json.dumps(dict(s["elias"]["plus"], topk=s["evaluate"]["topk"]), sort_keys=True)
 
 
 rule elias_plus_ranker:
@@ -157,7 +157,7 @@ rule elias_plus_ranker:
         "{PY} -m xmc_steps.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
         "--candidates {input.cand} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_ranker --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
 
 
 rule elias_plus_calibrate:
@@ -186,7 +186,7 @@ rule elias_plus_calibrate:
         "{PY} -m xmc_steps.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
         "--labels {input.Y} --candidates {input.cand} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_calibrate --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"
 
 
 rule elias_plus_predict:
@@ -218,7 +218,7 @@ rule elias_plus_predict:
         "{PY} -m xmc_steps.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
         "--emb {input.emb} --candidates {input.cand} --out {output.predictions} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_plus_predict --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"
 
 
 def elias_variant(w):
@@ -248,4 +248,4 @@ rule elias_ensemble:
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule elias_ensemble --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"

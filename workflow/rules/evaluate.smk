@@ -77,5 +77,5 @@ rule evaluate:
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
         "--effective-config {input.config} --out {output.result} --plot {output.plot} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method {wildcards.method} --rule evaluate "
+        "--log {log:q} --dataset {wildcards.dataset} --method {wildcards.method} --rule {rule} "
         "--config-hash {params.hash}"

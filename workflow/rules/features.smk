@@ -26,7 +26,7 @@ rule tfidf:
     shell:
         "{PY} -m xmc_steps.tfidf --ingest {params.ingest} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule tfidf --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
 
 rule tokenize:
@@ -52,7 +52,7 @@ rule tokenize:
     shell:
         "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule tokenize --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
 
 rule embed_pretrained:
@@ -79,4 +79,4 @@ rule embed_pretrained:
     shell:
         "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule embed_pretrained --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"

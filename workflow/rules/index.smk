@@ -24,7 +24,7 @@ rule label_embedding_pifa_tfidf:
     shell:
         "{PY} -m xmc_steps.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
 
 rule label_embedding_pifa_neural:
@@ -49,7 +49,7 @@ rule label_embedding_pifa_neural:
     shell:
         "{PY} -m xmc_steps.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
 
 rule label_embedding_text:
@@ -73,7 +73,7 @@ rule label_embedding_text:
     shell:
         "{PY} -m xmc_steps.label_embedding --kind text-emb --label-table {input.labels} "
         "--out {output.emb} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule label_embedding --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
 
 rule cluster:
@@ -88,7 +88,7 @@ rule cluster:
     params:
         hash=H("split", "ingest", "tfidf", "cluster"),
         c=lambda w: S(w)["cluster"],
-    threads: 1
+    threads: threads_of
     resources:
         mem_mb=res("cluster", "mem_mb", 8000),
         runtime=res("cluster", "runtime", 120),
@@ -98,4 +98,4 @@ rule cluster:
         "{PY} -m xmc_steps.cluster --label-emb {input.emb} --out {output.tree} "
         "--branching {wildcards.branching} --leaf-size {wildcards.leaf} "
         "--seed {wildcards.seed} --max-iter {params.c[max_iter]} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule cluster --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --threads {threads} --config-hash {params.hash}"

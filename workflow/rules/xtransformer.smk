@@ -23,7 +23,7 @@ def xt_tokens(split_list, maxlen_key="matcher"):
 
 def matcher_params(w):
     s = S(w)
-    p = dict(s["xtransformer"]["matcher"], encoder=xtg.unslug(w.enc), threads=s["threads"])
+    p = dict(s["xtransformer"]["matcher"], encoder=xtg.unslug(w.enc))
     return json.dumps(p, sort_keys=True)
 
 
@@ -50,7 +50,7 @@ rule xtransformer_linear_train:
     shell:
         "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
         "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_linear_train "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
 
 
@@ -79,7 +79,7 @@ rule xtransformer_linear_clusters:
     shell:
         "{PY} -m xmc_steps.xr_linear clusters --model {input.model} --features {input.X} "
         "--out {output.clusters} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_linear_clusters "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
         "--config-hash {params.hash}"
 
 
@@ -119,7 +119,7 @@ rule matcher:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --linear-clusters {input.linear} --out {params.out} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule matcher --config-hash {params.hash}"
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} --config-hash {params.hash}"
 
 
 def xt_ranker_params(w, predict=False):
@@ -132,8 +132,6 @@ def xt_ranker_params(w, predict=False):
         p.update(combiner=w.comb)
     if predict:
         p = {k: p[k] for k in ("topb", "topk", "candidates", "combiner", "transform")}
-    else:
-        p["threads"] = s["threads"]
     return json.dumps(p, sort_keys=True)
 
 
@@ -183,7 +181,7 @@ rule xtransformer_ranker:
         "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
         "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --out {output.model} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_ranker "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
 
 
@@ -215,7 +213,7 @@ rule xtransformer_predict:
         "{PY} -m xmc_steps.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
         "--tfidf {input.X} --emb {input.emb} --clusters {input.clusters} --linear {input.linear} --out {output.predictions} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_predict "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
         "--config-hash {params.hash}"
 
 
@@ -254,7 +252,7 @@ rule xtransformer_select:
         "--clusters {input.clusters} --linear {input.linear} --matcher-model {input.matcher} --tree {input.tree} "
         "--out-csv {output.csv} --out-md {output.md} --out-json {output.json} "
         "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_select "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
 
 
@@ -291,5 +289,5 @@ rule xtransformer_ensemble:
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule xtransformer_ensemble "
+        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
         "--config-hash {params.hash}"

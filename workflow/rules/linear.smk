@@ -35,7 +35,7 @@ rule xr_linear_train:
     shell:
         "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
         "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule xr_linear_train "
+        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
 
 
@@ -50,7 +50,7 @@ rule xr_linear_predict:
     log:
         "logs/xr_linear_predict/{dataset}.log",
     params:
-        settings=P("xr_linear", keep=("beam", "topk", "transform"), threads=False),
+        settings=P("xr_linear", keep=("beam", "topk", "transform")),
         hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
     threads: threads_of
     resources:
@@ -61,7 +61,7 @@ rule xr_linear_predict:
     shell:
         "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule xr_linear_predict "
+        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule {rule} "
         "--config-hash {params.hash}"
 
 
@@ -87,7 +87,7 @@ rule parabel_train:
     shell:
         "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} "
         "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule parabel_train "
+        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
 
 
@@ -115,5 +115,5 @@ rule parabel_predict:
         "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} "
         "--label-table {input.labels} "
         "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule parabel_predict "
+        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule {rule} --threads {threads} "
         "--config-hash {params.hash}"
