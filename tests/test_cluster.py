@@ -123,3 +123,15 @@ def test_cli(tmp_path):
         cluster_main(["--label-emb", str(tmp_path / "emb.npz"), "--out", str(tmp_path / "tree3.npz"), "--threads", "0",
                       "--no-tracking"])
     assert not (tmp_path / "tree3.npz").exists()
+
+
+def test_local_columns_keeps_the_occurring_columns_in_order():
+    from xmc_steps.cluster_tree import _local_columns
+
+    rng = np.random.default_rng(3)
+    E = sp.random(50, 1000, density=0.01, format="csr", random_state=rng, dtype=np.float32)
+    loc = _local_columns(E)
+    cols = np.unique(E.indices)
+    assert loc.shape == (50, len(cols)) and loc.indices.dtype == np.int32
+    assert np.array_equal(loc.toarray(), E.toarray()[:, cols])
+    assert _local_columns(sp.csr_matrix((3, 7), dtype=np.float32)).shape == (3, 1)

@@ -202,11 +202,18 @@ class ClusterTree:
 
 
 def _local_columns(E: sp.csr_matrix) -> sp.csr_matrix:
-    """Re-index ``E``'s columns to those that occur (keeps per-node work nnz-bounded)."""
+    """Re-index ``E``'s columns to those that occur, in their order (keeps per-node work
+    nnz-bounded).  A presence mask over the columns and its running count give each column its
+    new id: O(nnz + d) time and one int32 array of nnz, where ``np.unique(..., return_inverse)``
+    sorted a copy of the indices and held two int64 arrays of nnz (at the root of a Wiki-500K-shaped
+    tree, 82 M entries: about 1.6 GB of temporaries)."""
     if E.nnz == 0:
         return sp.csr_matrix((E.shape[0], 1), dtype=np.float32)
-    cols, inv = np.unique(E.indices, return_inverse=True)
-    return sp.csr_matrix((E.data, inv.astype(np.int32), E.indptr), shape=(E.shape[0], len(cols)))
+    present = np.zeros(E.shape[1], dtype=bool)
+    present[E.indices] = True
+    new_id = np.cumsum(present, dtype=np.int64) - 1
+    n_cols = int(new_id[-1]) + 1
+    return sp.csr_matrix((E.data, new_id[E.indices].astype(np.int32), E.indptr), shape=(E.shape[0], n_cols))
 
 
 def balanced_2means(E: sp.csr_matrix, rng: np.random.Generator, max_iter: int = 20) -> np.ndarray:
