@@ -156,6 +156,10 @@ def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):
     for rule in ("elias_stage1", "elias_stage2", "elias_predict", "matcher", "embed_pretrained"):
         assert all("gpu=1" in blk for blk in by_rule[rule]), rule
     assert "tree-b16-l123-s2" in out and "bert-base-uncased-128" in out
+    # the job sizes config.paper.yaml gives the full set reach every job of their rule
+    sizes = paper["datasets"]["wiki500k"]["resources"]
+    for rule in ("tfidf", "cluster", "elias_stage2", "matcher", "xtransformer_ranker"):
+        assert all(f"mem_mb={sizes[rule]['mem_mb']}" in blk for blk in by_rule[rule]), rule
 
 
 NEURAL_TINY = {
