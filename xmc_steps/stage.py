@@ -17,7 +17,9 @@ no artifact behind, and re-raises: the CLI exits non-zero with a one-line messag
 (see :func:`cli_main`).
 
 Common CLI flags (added by :func:`add_common_args`): ``--log``, ``--record``,
-``--params`` (JSON object), ``--dataset``, ``--method``, ``--rule``, ``--config-hash``.
+``--params`` (JSON object), ``--dataset``, ``--method``, ``--rule`` (Snakemake's ``{rule}``),
+``--config-hash``, ``--threads`` (Snakemake's ``{threads}``: the parameter ``threads``, over
+``--params``), ``--phase``, ``--no-tracking``.
 """
 
 from __future__ import annotations
