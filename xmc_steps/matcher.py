@@ -163,7 +163,8 @@ from torch import nn
 from . import encoders, io, neural
 from .devices import require_device
 from .negatives import binarize
-from .neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from .neural_stage import (load_tokens, load_trained, record_training, remove_checkpoints, save_trained,
+                           training_device)
 from .params import Params
 from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -674,14 +675,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
 
 def load_matcher(folder: str | os.PathLike, device: str | torch.device = "cpu") -> MatcherModel:
     """Load a matcher written by the stage (``matcher.json`` + ``model.safetensors``)."""
-    folder = Path(folder)
-    meta = io.read_json(folder / "matcher.json")
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}/matcher.json: unknown format {meta.get('format')!r}")
-    enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
-    model = MatcherModel(enc, meta["K"])
-    neural.load_model(model, folder / "model.safetensors")
-    return model.to(neural.resolve_device(device))
+    return load_trained(folder, "matcher.json", FORMAT, lambda enc, meta: MatcherModel(enc, meta["K"]), device)
 
 
 # --------------------------------------------------------------------------- CLI

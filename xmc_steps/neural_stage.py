@@ -1,7 +1,7 @@
 """What every neural training stage does around its own model (X-Transformer's matcher, ELIAS,
 and the methods to come), written once: reading the token splits, threads and device, the
 training metrics of the stage record, the saved model with its description, peak GPU memory,
-and removing the checkpoints once every output is written.
+removing the checkpoints once every output is written, and loading the saved model back.
 
 A stage's training run reads::
 
@@ -12,6 +12,8 @@ A stage's training run reads::
         ...
         save_trained(st, out, model, "elias.json", meta, FORMAT)
     remove_checkpoints(out / "checkpoints")
+    ...
+    model = load_trained(out, "elias.json", FORMAT, build)     # later, for prediction
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -75,6 +77,22 @@ def save_trained(st, out: Path, model: nn.Module, json_name: str, meta: Mapping[
     st.output(f"{Path(json_name).stem}_json", out / json_name)
     st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / json_name)]
     st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
+
+
+def load_trained(folder: str | os.PathLike, json_name: str, fmt: str,
+                 build: Callable[[neural.TextEncoder, dict[str, Any]], nn.Module],
+                 device: str | torch.device = "cpu") -> nn.Module:
+    """The model :func:`save_trained` wrote to ``folder``: its description (checked to be of format
+    ``fmt``), the encoder it names (architecture only), ``build(encoder, description)`` for the rest,
+    then the weights, on ``device``."""
+    folder = Path(folder)
+    meta = io.read_json(folder / json_name)
+    if meta.get("format") != fmt:
+        raise ValueError(f"{folder}/{json_name}: unknown format {meta.get('format')!r}")
+    enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
+    model = build(enc, meta)
+    neural.load_model(model, folder / "model.safetensors")
+    return model.to(neural.resolve_device(device))
 
 
 def remove_checkpoints(ckpt_dir: str | os.PathLike) -> None:

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import io, neural
+from .. import neural
+from ..neural_stage import load_trained
 from ..stage import StageError
 from .params import EliasParams
 
@@ -425,15 +426,11 @@ def build_model(params: EliasParams, n_clusters: int, n_labels: int, kappa: int,
 
 def load_elias(folder: str | os.PathLike, device: str | torch.device = "cpu") -> EliasModel:
     """Load a model written by ``train`` (``elias.json`` + ``model.safetensors``)."""
-    folder = Path(folder)
-    meta = io.read_json(folder / "elias.json")
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}/elias.json: unknown format {meta.get('format')!r}")
-    enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
-    model = EliasModel(enc, meta["C"], meta["L"], meta["kappa"], alpha=meta["alpha"], beta=meta["beta"], b=meta["b"],
-                       K=meta["K"], wl_bias=meta["wl_bias"], fixed_edges=meta["fixed_edges"])
-    neural.load_model(model, folder / "model.safetensors")
-    return model.to(neural.resolve_device(device))
+    def build(enc: neural.TextEncoder, meta: dict[str, Any]) -> EliasModel:
+        return EliasModel(enc, meta["C"], meta["L"], meta["kappa"], alpha=meta["alpha"], beta=meta["beta"],
+                          b=meta["b"], K=meta["K"], wl_bias=meta["wl_bias"], fixed_edges=meta["fixed_edges"])
+
+    return load_trained(folder, "elias.json", FORMAT, build, device)
 
 
 def copy_stage1_weights(model: EliasModel, folder: Path) -> None:
