@@ -22,7 +22,7 @@ from test_workflow import _toy
 
 pytestmark = pytest.mark.slow      # a whole pipeline run (see pyproject's markers)
 
-SHARED_RULES = {"ingest", "tfidf", "label_embedding", "cluster"}      # xmc.rule as the stages log it
+SHARED_RULES = {"ingest", "tfidf", "label_embedding_pifa_tfidf", "cluster"}   # xmc.rule: the Snakemake rule
 METHOD_RULES = {"xr_linear_train", "xr_linear_predict", "evaluate"}
 
 
