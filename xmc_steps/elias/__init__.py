@@ -72,7 +72,7 @@ Staged training (§3.4) and the hyper-parameters
   memory is bounded at ``C = 5000``, ``L = 500k``.
 * Stage 2 initialises ``phi``, ``Wc``, ``wl`` (and ``wl_bias`` when both stages have
   it) from stage 1 ("the rest of the stage 1 model") and trains everything with ``A``.
-* AdamW (the :class:`xmc_steps.Trainer`) with three learning rates: ``lr_encoder``
+* AdamW (the :class:`xmc_steps.trainer.Trainer`) with three learning rates: ``lr_encoder``
   (``phi``), ``lr_clf`` (``Wc``, ``wl``, ``wl_bias``), ``lr_A`` (``A_value``); no weight decay
   on biases/gains; ``A_value`` gets ``weight_decay_A`` (default 0: the entries are edge
   logits, and decay would pull every row towards a uniform softmax); warm-up then
