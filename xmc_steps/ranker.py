@@ -250,6 +250,7 @@ def train_rankers(
     log.debug("trained %d rankers in %.1f s", L, time.perf_counter() - t0)
     return W
 
+
 def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: str, neural_weight: float = 1.0) -> sp.csr_matrix:
     """``phi_tfidf ⊕ phi_neural`` (each block L2-normalised) or ``phi_tfidf`` alone."""
     X = normalize(sp.csr_matrix(X_tfidf, dtype=np.float32))

@@ -187,16 +187,18 @@ def linear_scorer(Xa: sp.csr_matrix, Ws: list[sp.spmatrix], kind: str = "l3-hing
         out = cand.copy()
         # floored so that a path score never becomes 0 (scipy drops zeros: the candidate would
         # vanish); beam_search rescales rows before their best path gets near the floor
-        out.data = np.maximum(cand.data * np.maximum(transform(z, kind), LEVEL_FLOOR), PATH_FLOOR).astype(np.float32)
+        out.data = np.maximum(cand.data * np.maximum(transform(z, kind), SCORE_FLOOR), PATH_FLOOR).astype(np.float32)
         return out
 
     return score
 
 
-#: the smallest factor one level's transform contributes to a path score, and the smallest path score
-#: (float32's smallest normal number); rows whose best path falls below ``RESCALE_BELOW`` are divided
-#: by that best score, which leaves every ranking within the row unchanged
-LEVEL_FLOOR = np.float32(1e-30)
+#: the smallest value a transformed score takes (a level's factor in a path score, a matcher's or a
+#: ranker's score in Eq. 2): ``exp(-(1 - z)^3)`` is 0 in float32 from ``z`` of about -3.5, and scipy
+#: drops stored zeros, so the candidate would vanish; and the smallest path score (float32's smallest
+#: normal number).  Rows whose best path falls below ``RESCALE_BELOW`` are divided by that best
+#: score, which leaves every ranking within the row unchanged
+SCORE_FLOOR = np.float32(1e-30)
 PATH_FLOOR = np.finfo(np.float32).tiny
 RESCALE_BELOW = np.float32(1e-15)
 
@@ -240,10 +242,6 @@ def beam_search(C: list[sp.csr_matrix], score_level: Callable[[int, sp.csr_matri
         cur = rescale_small_rows(topk_per_row(scored, topk if t == len(C) - 1 else beam))
     return cur
 
-
-#: a floor for transformed scores, so that no candidate is lost to float32 underflow
-#: (``exp(-(1 - z)^3)`` is 0 in float32 from ``z`` of about -3.5; scipy drops stored zeros)
-SCORE_FLOOR = np.float32(1e-30)
 
 def matcher_scores(pattern: sp.csr_matrix, emb: np.ndarray, head: np.ndarray, batch_entries: int = 1 << 20) -> sp.csr_matrix:
     """``g(x, k) = w_k . phi(x)`` (Eq. 3's matcher score, fp32) at every stored entry of ``pattern``."""

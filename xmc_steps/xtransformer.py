@@ -124,8 +124,6 @@ class XTransformerRankerParams(Params):
         return RankerParams(**self.pick(RankerParams))
 
 
-
-
 def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix | None, candidates: str,
                        topb: int) -> sp.csr_matrix:
     """The clusters searched per document (0/1 CSR ``N x K``): the top-``b`` of the matcher, of
@@ -144,8 +142,6 @@ def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix 
     out = binarize(parts[0] + parts[1]) if len(parts) == 2 else parts[0]
     out.sort_indices()
     return out
-
-
 
 
 def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix, M_hat: sp.csr_matrix | None,
