@@ -40,6 +40,18 @@ def test_dataset_override_unknown_key(tmp_path):
         config.load(p)
 
 
+def test_a_moved_key_names_its_new_place(tmp_path):
+    """The solver settings moved under ``solver``: an old config says where each one went."""
+    def old(c):
+        c["defaults"]["xr_linear"]["C"] = 2.0
+        c["datasets"].update(toy={"elias": {"plus": {"threshold": 0.2}}})
+    with pytest.raises(config.ConfigError) as e:
+        config.load(_write(tmp_path, old))
+    assert "key 'defaults.xr_linear.C' has moved: write it as 'defaults.xr_linear.solver.C'" in str(e.value)
+    assert "'datasets.toy.elias.plus.threshold' has moved: write it as 'datasets.toy.elias.plus.solver.threshold'" \
+        in str(e.value)
+
+
 def test_override_merges_and_hash_changes():
     c = config.load(ROOT / "config.yaml", overrides={"datasets": {"toy": {"cluster": {"leaf_size": 7}}}})
     s = config.dataset_settings(c, "toy")

@@ -39,7 +39,7 @@ def test_ranker_reranks_candidates():
     assert np.all(np.diff(cand.indptr) == 5)
     p = EliasPlusParams(n_candidates=5)
     W = train(Xr, Y, cand, p)
-    h = ranker_scores(Xr, W, cand, p.bias)
+    h = ranker_scores(Xr, W, cand, p.solver.bias)
     # the ranker separates true from false candidates better than the noisy ELIAS score
     rows = np.repeat(np.arange(n), np.diff(cand.indptr))
     truth = np.asarray(Y[rows, cand.indices]).ravel() > 0

@@ -76,7 +76,7 @@ def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
     assert EliasParams.from_dict({"lr_clf": "1e-2", "K": "2000", "wl_bias": "true"}).lr_clf == 1e-2
     assert MatcherParams.from_dict({"steps": 600.0, "allow_weak": "no"}).allow_weak is False
     assert RankerParams.from_dict({"C": "2", "max_iter": "50"}) == RankerParams(C=2.0, max_iter=50)
-    with pytest.raises(ValueError, match="ranker negatives must be one of"):
-        RankerParams.from_dict({"negatives": "random"})
+    with pytest.raises(ValueError, match="ranker solver parameter max_iter must be an integer"):
+        RankerParams.from_dict({"max_iter": "many"})
     with pytest.raises(ValueError, match="training parameter batch_size must be an integer"):
         TrainParams.from_dict({"batch_size": "thirty-two"})

@@ -71,7 +71,7 @@ def _separable(seed=0, N=200, d=20, L=6):
 def test_ranker_learns_separable_problem():
     X, Y = _separable()
     W = train_rankers(X, Y, np.zeros(Y.shape[1], int), None, RankerParams(C=10.0, threshold=0.0, tol=1e-3,
-                                                                         max_iter=1000, threads=2))
+                                                                         max_iter=1000), threads=2)
     assert W.shape == (X.shape[1] + 1, Y.shape[1])
     S = (append_bias(X) @ W).toarray()
     acc = ((S > 0) == (Y.toarray() > 0)).mean()
@@ -85,8 +85,8 @@ def test_ranker_threshold_sparsifies_and_groups_by_cluster():
     # liblinear shuffles with a process-wide RNG, so threaded runs may visit instances in
     # another order: compare near the (unique) optimum, not at the loose default tolerance
     tight = {"threshold": 0.0, "tol": 1e-6, "max_iter": 100000}
-    W1 = train_rankers(X, Y, cl, mask, dict(tight, threads=1))
-    W2 = train_rankers(X, Y, cl, mask, dict(tight, threads=2))
+    W1 = train_rankers(X, Y, cl, mask, tight, threads=1)
+    W2 = train_rankers(X, Y, cl, mask, tight, threads=2)
     np.testing.assert_allclose(W1.toarray(), W2.toarray(), atol=1e-3)
     W3 = train_rankers(X, Y, cl, mask, {"threshold": 0.1})
     assert W3.nnz < W1.nnz and np.all(np.abs(W3.data) >= 0.1)
@@ -128,13 +128,15 @@ def test_mask_restricts_training_instances():
 
 
 def test_params_roundtrip_and_validation():
-    p = RankerParams(C=2.0, threads=3, negatives="tfn")
+    p = RankerParams(C=2.0, seed=3)
     assert RankerParams.from_json(p.to_json()) == p
     assert RankerParams.from_dict({"C": "0.5", "max_iter": 10.0}).C == 0.5
     with pytest.raises(ValueError, match="unknown"):
         RankerParams.from_dict({"Cee": 1})
+    with pytest.raises(ValueError, match="unknown"):      # the negatives belong to the method, not the solver
+        RankerParams.from_dict({"negatives": "tfn"})
     with pytest.raises(ValueError):
-        RankerParams(negatives="random")
+        RankerParams(C=0.0)
 
 
 def _with_64bit_indices(X):

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from xmc_steps import io
 from xmc_steps.cluster_tree import ClusterTree, hierarchical_kmeans
 from xmc_steps.label_embedding import pifa
-from xmc_steps.ranker import append_bias
+from xmc_steps.ranker import RankerParams, append_bias
 from xmc_steps.search import beam_search, masked_product, topk_per_row, transform
 from xmc_steps.xr_linear import XRLinearModel, XRLinearParams, main as xr_main
 
@@ -30,7 +30,7 @@ def _toy(seed=0, N=300, d=60, L=40):
 def _model(seed=0, **kw):
     X, Y = _toy(seed)
     tree = hierarchical_kmeans(pifa(X, Y), branching=2, leaf_size=5, seed=0, max_iter=5)
-    params = {"threshold": 0.0, "threads": 2}
+    params = {"solver": {"threshold": 0.0}, "threads": 2}
     params.update(kw)
     return X, Y, tree, XRLinearModel.train(X, Y, tree, params)
 
@@ -168,10 +168,19 @@ def test_tfn_only_and_generic_beam_search():
 
 
 def test_params():
-    p = XRLinearParams.from_dict({"C": 2, "beam": 5, "negatives": "tfn"})
-    assert p.ranker().C == 2.0 and p.beam == 5
+    p = XRLinearParams.from_dict({"solver": {"C": 2}, "beam": 5, "negatives": "tfn"})
+    assert p.solver.C == 2.0 and p.beam == 5 and p.negatives == "tfn"
     with pytest.raises(ValueError):
         XRLinearParams.from_dict({"nope": 1})
+    with pytest.raises(ValueError, match="negatives must be one of"):
+        XRLinearParams(negatives="random")
+    # the flat solver keys of an earlier version: an error naming the new key, and upgraded when read from a model
+    with pytest.raises(ValueError, match="C is now solver.C"):
+        XRLinearParams.from_dict({"C": 2})
+    old = {"C": 2.0, "threshold": 0.0, "tol": 0.1, "max_iter": 100, "negatives": "tfn", "threads": 2, "bias": 1.0,
+           "seed": 0, "beam": 5, "transform": "l3-hinge"}
+    up = XRLinearParams.from_dict(XRLinearParams.upgrade(old))
+    assert up.solver == RankerParams(C=2.0, threshold=0.0) and up.negatives == "tfn" and up.threads == 2
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -194,7 +203,7 @@ def test_cli_train_predict(tmp_path):
     xr_main(["train", "--features", str(tmp_path / "X1.npz"), "--features", str(tmp_path / "X2.npz"),
              "--labels", str(tmp_path / "Y1.npz"), "--labels", str(tmp_path / "Y2.npz"),
              "--tree", str(tmp_path / "tree.npz"), "--out", str(tmp_path / "model"),
-             "--params", '{"threads": 2, "C": 1.0}', "--no-tracking"])
+             "--params", '{"threads": 2, "solver": {"C": 1.0}}', "--no-tracking"])
     xr_main(["predict", "--model", str(tmp_path / "model"), "--features", str(tmp_path / "X2.npz"),
              "--out", str(tmp_path / "pred.parquet"), "--params", '{"beam": 4, "topk": 5}', "--no-tracking"])
     P = io.read_predictions(tmp_path / "pred.parquet", Y.shape[1])

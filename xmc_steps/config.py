@@ -30,6 +30,25 @@ METHOD_SECTIONS: dict[str, list[str]] = {
 }
 
 
+#: Settings an earlier version took elsewhere (paths within a settings block): an old config
+#: gets an error naming the new key rather than only "unknown key".
+MOVED_KEYS: dict[str, str] = {
+    f"{section}.{key}": f"{section}.solver.{key}"
+    for section in ("xr_linear", "xtransformer.ranker", "elias.plus")
+    for key in ("C", "threshold", "tol", "max_iter")
+}
+
+
+def _moved(full: str) -> str | None:
+    """The new place of ``full`` (``defaults.xr_linear.C`` or ``datasets.<name>.xr_linear.C``)."""
+    parts = full.split(".")
+    n = 1 if parts[0] == "defaults" else 2 if parts[0] == "datasets" else None
+    if n is None:
+        return None
+    new = MOVED_KEYS.get(".".join(parts[n:]))
+    return ".".join(parts[:n] + [new]) if new else None
+
+
 class ConfigError(StageError):
     """The configuration is invalid; the message names the file and key."""
 
@@ -64,7 +83,11 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
             extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
             for key in extra:
                 full = f"{where}.{key}" if where != "<top level>" else key
-                messages.append(f"unknown key '{full}' (allowed here: {', '.join(allowed)})")
+                new = _moved(full)
+                if new:
+                    messages.append(f"key '{full}' has moved: write it as '{new}'")
+                else:
+                    messages.append(f"unknown key '{full}' (allowed here: {', '.join(allowed)})")
         elif err.validator == "required":
             messages.append(f"{where}: {err.message}")
         else:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ import scipy.sparse as sp
 
 from . import io
 from .params import Params
-from .ranker import RankerParams, append_bias, ranker_features, train_rankers
+from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
 from .search import masked_product, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
 
@@ -55,30 +55,29 @@ FORMAT = "xmc-elias-plus-v1"
 
 @dataclass
 class EliasPlusParams(Params):
+    """ELIAS++ (the ``elias.plus`` section): the candidates re-ranked, the ranker features, the
+    calibration tree, and the rankers' solver (:class:`RankerParams`, ``elias.plus.solver``).
+    Each label's ranker trains on the documents whose candidates hold it (the candidates play the
+    role of TFN negatives), so there is no negatives setting."""
+
     n_candidates: int = 100
     neural_weight: float = 1.0
-    C: float = 1.0
-    threshold: float = 0.1
-    tol: float = 0.1
-    max_iter: int = 100
-    bias: float = 1.0
-    threads: int = 1
-    seed: int = 0
     transform: str = "l3-hinge"
     uncalibrated: str = "product"
     max_depth: int = 5
     topk: int = 100
+    seed: int = 0                  # the calibration tree's
+    threads: int = 1               # labels' rankers trained in parallel (the stage's --threads)
+    solver: RankerParams = field(default_factory=RankerParams)
 
     def __post_init__(self) -> None:
         if self.uncalibrated not in ("product", "ranker"):
             raise ValueError(f"uncalibrated must be 'product' or 'ranker', got {self.uncalibrated!r}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     _what = "ELIAS++ parameter"
-
-    def ranker(self) -> RankerParams:
-        # each label is its own group of the instance mask: the candidates play the role of TFN
-        return RankerParams(**self.pick(RankerParams), negatives="tfn")
-
+    _moved = {k: v for k, v in SOLVER_MOVED.items() if k != "seed"}
 
 
 def candidates(scores: sp.csr_matrix, n: int) -> sp.csr_matrix:
@@ -89,7 +88,7 @@ def candidates(scores: sp.csr_matrix, n: int) -> sp.csr_matrix:
 def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, cand: sp.csr_matrix, p: EliasPlusParams, progress=None) -> sp.csr_matrix:
     """Sparse rankers ``W`` ((d+1) x L): label ``l`` on the rows whose candidates hold ``l``."""
     L = Y.shape[1]
-    return train_rankers(Xr, Y, np.arange(L), cand, p.ranker(), progress=progress)
+    return train_rankers(Xr, Y, np.arange(L), cand, p.solver, progress=progress, threads=p.threads)
 
 
 def ranker_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, bias: float) -> np.ndarray:
@@ -212,11 +211,11 @@ def _calibrate_cli(args) -> None:
     out = Path(args.out)
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
         W, meta = _load(args.model)
-        p = EliasPlusParams.from_dict({**meta["params"], **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
         L = meta["n_labels"]
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
-        h = ranker_scores(Xr, W, cand, p.bias)
+        h = ranker_scores(Xr, W, cand, p.solver.bias)
         coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
         y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
         F = calibration_features(h, cand.data, cand.indices, label_train_freq(args.model))
@@ -240,11 +239,11 @@ def _calibrate_cli(args) -> None:
 def _predict_cli(args) -> None:
     with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
         W, meta = _load(args.model)
-        p = EliasPlusParams.from_dict({**meta["params"], **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
         L = meta["n_labels"]
         Xr, cand = _inputs(args, st, p, L)
         t0 = time.perf_counter()
-        h = ranker_scores(Xr, W, cand, p.bias)
+        h = ranker_scores(Xr, W, cand, p.solver.bias)
         base = uncalibrated_scores(cand.data, h, p)
         if args.calibration:
             tree = io.load_arrays(Path(args.calibration) / "calibration.npz")

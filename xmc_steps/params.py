@@ -14,7 +14,7 @@ import json
 import types
 import typing
 from dataclasses import asdict, fields
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
 T = TypeVar("T", bound="Params")
 
@@ -92,9 +92,14 @@ def _integral(value: Any) -> int:
 
 
 class Params:
-    """Mixin for parameter dataclasses; ``_what`` names them in error messages."""
+    """Mixin for parameter dataclasses; ``_what`` names them in error messages.
+
+    ``_moved`` maps keys of an earlier flat layout to their dotted place in the nested one
+    (``{"C": "solver.C"}``): such a key in a mapping is an error naming the new key, and
+    :meth:`upgrade` moves them, for reading what an earlier version saved."""
 
     _what = "parameter"
+    _moved: ClassVar[Mapping[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]
@@ -107,6 +112,9 @@ class Params:
         """Raise ``ValueError`` naming the keys of ``d`` that are not fields."""
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(d) - known)
+        moved = [k for k in unknown if k in cls._moved]
+        if moved:
+            raise ValueError(f"{cls._what}(s) moved: " + ", ".join(f"{k} is now {cls._moved[k]}" for k in moved))
         if unknown:
             raise ValueError(f"unknown {cls._what}(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
 
@@ -117,6 +125,19 @@ class Params:
         cls.check_keys(d)
         hints = typing.get_type_hints(cls)
         return cls(**{k: convert(v, hints[k], f"{cls._what} {k}") for k, v in d.items()})
+
+    @classmethod
+    def upgrade(cls, d: Mapping[str, Any]) -> dict[str, Any]:
+        """``d`` with the keys of an earlier flat layout (``_moved``) put in their nested places
+        (a value already there wins): for parameters an earlier version saved with a model."""
+        d = dict(d)
+        for old, new in cls._moved.items():
+            if old in d:
+                head, _, tail = new.partition(".")
+                sub = dict(d.get(head) or {})
+                sub.setdefault(tail, d.pop(old))
+                d[head] = sub
+        return d
 
     @classmethod
     def from_json(cls: type[T], s: str) -> T:

@@ -32,7 +32,6 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
-from .negatives import KINDS as NEGATIVE_KINDS
 from .params import Params
 from .stage import StageError
 
@@ -41,16 +40,19 @@ log = logging.getLogger("xmc.ranker")
 
 @dataclass
 class RankerParams(Params):
-    """Hyper-parameters of the linear rankers (PECOS defaults)."""
+    """The solver of each one-vs-all linear ranker (PECOS defaults): the ``solver`` section of
+    every method that trains rankers (``xr_linear.solver``, ``xtransformer.ranker.solver``,
+    ``elias.plus.solver``).  Which instances a ranker sees (the negatives) is not a solver
+    setting: the method builds the instance mask and passes it to :func:`train_rankers`."""
 
     C: float = 1.0  # inverse regularisation strength
     threshold: float = 0.1  # weights with |w| < threshold are zeroed
     tol: float = 0.1  # liblinear stopping tolerance
     max_iter: int = 100  # liblinear max passes over the data
-    negatives: str = "tfn+man"  # "tfn", "man" or "tfn+man"
-    threads: int = 1  # worker threads (clusters trained in parallel)
     bias: float = 1.0  # value of the appended bias feature (0 disables the bias)
     seed: int = 0  # liblinear shuffling seed
+
+    _what = "ranker solver parameter"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,14 +66,8 @@ class RankerParams(Params):
             raise ValueError(f"ranker tol must be > 0, got {self.tol}")
         if self.max_iter < 1:
             raise ValueError(f"ranker max_iter must be >= 1, got {self.max_iter}")
-        if self.negatives not in NEGATIVE_KINDS:
-            raise ValueError(f"ranker negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
-        if self.threads < 1:
-            raise ValueError(f"ranker threads must be >= 1, got {self.threads}")
         if self.bias < 0:
             raise ValueError(f"ranker bias must be >= 0, got {self.bias}")
-
-    _what = "ranker parameter"
 
 
 def append_bias(X: sp.spmatrix, bias: float = 1.0) -> sp.csr_matrix:
@@ -100,6 +96,10 @@ def liblinear_csr(Xs: sp.csr_matrix, what: str = "a cluster's training instances
     if Xs.indices.dtype == np.int32 and Xs.indptr.dtype == np.int32:
         return Xs
     return sp.csr_matrix((Xs.data, Xs.indices.astype(np.int32), Xs.indptr.astype(np.int32)), shape=Xs.shape)
+
+
+# where an earlier version's flat solver keys live now, for the methods' ``_moved``
+SOLVER_MOVED = {k: f"solver.{k}" for k in ("C", "threshold", "tol", "max_iter", "bias", "seed")}
 
 
 def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndarray, float]:
@@ -140,6 +140,7 @@ def train_rankers(
     instance_cluster_mask: sp.spmatrix | None,
     params: RankerParams | dict | None = None,
     progress: Callable[[int, int], None] | None = None,
+    threads: int = 1,
 ) -> sp.csr_matrix:
     """Train one linear ranker per column of ``Y``; returns ``W`` ``(d+1) x L`` CSR float32.
 
@@ -147,7 +148,7 @@ def train_rankers(
     ``L`` ints in ``0..K-1``.  ``instance_cluster_mask``: ``N x K`` 0/1; label ``l`` trains
     on the instances ``i`` with ``mask[i, cluster_of_label[l]]`` plus its own positives;
     ``None`` trains every label on all instances.  ``progress(done, total)`` is called
-    after each cluster (from worker threads).
+    after each cluster (from worker threads).  ``threads``: clusters trained in parallel.
     """
     p = params if isinstance(params, RankerParams) else RankerParams.from_dict(params)
     X = sp.csr_matrix(X)
@@ -223,11 +224,11 @@ def train_rankers(
         return labels, out_idx, out_val, out_cnt
 
     t0 = time.perf_counter()
-    if p.threads > 1 and len(todo) > 1:
+    if threads > 1 and len(todo) > 1:
         # largest clusters first for better load balance
         sizes = {k: len(groups[k]) for k in todo}
         todo_sorted = sorted(todo, key=lambda k: -sizes[k])
-        with ThreadPoolExecutor(max_workers=p.threads) as pool:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
             results = list(pool.map(run, todo_sorted))
     else:
         results = [run(k) for k in todo]

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +48,10 @@ import scipy.sparse as sp
 
 from . import io
 from .cluster_tree import ClusterTree
+from .negatives import KINDS as NEGATIVE_KINDS
 from .negatives import binarize, combine
 from .params import Params
-from .ranker import RankerParams, append_bias, train_rankers
+from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
 from .search import PREDICT_BATCH, TRANSFORMS, beam_search, expand_children, linear_scorer, topk_per_row
 from .stage import StageError, add_common_args, cli_main, stage_run
 
@@ -61,29 +62,26 @@ FORMAT = "xmc-xr-linear-v1"
 
 @dataclass
 class XRLinearParams(Params):
-    """Training parameters: the ranker's (:class:`RankerParams`) plus the MAN beam."""
+    """Training parameters: the negatives (X-Transformer §3.4), the MAN beam, the score transform,
+    and the rankers' solver (:class:`RankerParams`, the ``xr_linear.solver`` section)."""
 
-    C: float = 1.0
-    threshold: float = 0.1
-    tol: float = 0.1
-    max_iter: int = 100
-    negatives: str = "tfn+man"
-    threads: int = 1
-    bias: float = 1.0
-    seed: int = 0
+    negatives: str = "tfn+man"  # tfn | man | tfn+man: the instances each cluster's rankers train on
     beam: int = 10  # beam of the model's own predictions used as MAN negatives
     transform: str = "l3-hinge"  # score transform for MAN and the default for prediction
+    threads: int = 1  # clusters trained in parallel (the stage's --threads)
+    solver: RankerParams = field(default_factory=RankerParams)
 
     def __post_init__(self) -> None:
-        self.ranker()  # validates the ranker fields
+        if self.negatives not in NEGATIVE_KINDS:
+            raise ValueError(f"negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {self.beam}")
         if self.transform not in TRANSFORMS:
             raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
-    def ranker(self) -> RankerParams:
-        return RankerParams(**self.pick(RankerParams))
-
+    _moved = SOLVER_MOVED
     _what = "xr-linear parameter"
 
 
@@ -116,7 +114,6 @@ class XRLinearModel:
     def train(cls, X: sp.spmatrix, Y: sp.spmatrix, tree: ClusterTree,
               params: XRLinearParams | dict | None = None, log=None) -> "XRLinearModel":
         p = params if isinstance(params, XRLinearParams) else XRLinearParams.from_dict(params)
-        rp = p.ranker()
         X = sp.csr_matrix(X, dtype=np.float32)
         Y = binarize(Y)
         N = X.shape[0]
@@ -124,7 +121,7 @@ class XRLinearModel:
             raise ValueError(f"X has {N} rows but Y has {Y.shape[0]}")
         if Y.shape[1] != tree.n_labels:
             raise ValueError(f"Y has {Y.shape[1]} labels but the tree has {tree.n_labels}")
-        Xa = append_bias(X, p.bias)
+        Xa = append_bias(X, p.solver.bias)
         T = tree.depth
         W: list[sp.csr_matrix] = []
         beam_t = sp.csr_matrix((np.ones(N, np.float32), np.zeros(N, np.int32), np.arange(N + 1)), shape=(N, 1))
@@ -142,7 +139,7 @@ class XRLinearModel:
                     cand = expand_children(beam_t, tree.C[t - 1])
                     beam_t = topk_per_row(scorer(0, cand), p.beam)
                 mask = combine(p.negatives, Y, tree.label_to_cluster(t), beam_t if need_man else None)
-            W.append(train_rankers(X, Y_next, parent, mask, rp))
+            W.append(train_rankers(X, Y_next, parent, mask, p.solver, threads=p.threads))
             if log:
                 avg = mask.sum() / max(N, 1) if mask is not None else 1.0
                 log.info("level %d/%d: %d nodes, %.1f clusters/instance in mask, W nnz %d, %.1f s",
@@ -156,7 +153,7 @@ class XRLinearModel:
         at most ``keep`` scores per row, sorted indices."""
         X = sp.csr_matrix(X, dtype=np.float32)
         kind = transform or self.params.transform
-        Xa = append_bias(X, self.params.bias)
+        Xa = append_bias(X, self.params.solver.bias)
         parts = [beam_search(self.tree.C[:levels], linear_scorer(Xa[r0:r0 + batch_size], self.W, kind),
                              min(batch_size, X.shape[0] - r0), beam, keep)
                  for r0 in range(0, X.shape[0], batch_size)]
@@ -200,7 +197,7 @@ class XRLinearModel:
             raise ValueError(f"{path}: not an xr-linear model ({FORMAT})")
         tree = ClusterTree.load(path / "tree.npz")
         W = [io.load_csr(path / f"W_{t}.npz") for t in range(int(meta["depth"]))]
-        return cls(tree, W, XRLinearParams.from_dict(meta["params"]))
+        return cls(tree, W, XRLinearParams.from_dict(XRLinearParams.upgrade(meta["params"])))
 
     def size_bytes(self) -> int:
         return int(sum(w.data.nbytes + w.indices.nbytes + w.indptr.nbytes for w in self.W))

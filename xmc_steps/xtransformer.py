@@ -68,7 +68,7 @@ import argparse
 import hashlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +77,10 @@ import scipy.sparse as sp
 
 from . import io
 from .cluster_tree import ClusterTree
+from .negatives import KINDS as NEGATIVE_KINDS
 from .negatives import binarize, combine
 from .params import Params
-from .ranker import RankerParams, append_bias, ranker_features, train_rankers
+from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
 from .search import SCORE_FLOOR, TRANSFORMS, expand_children, masked_product, matcher_scores, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
 
@@ -91,37 +92,37 @@ CANDIDATES = ("matcher", "union", "linear")
 
 @dataclass
 class XTransformerRankerParams(Params):
+    """The rankers of Eq. 2 (the ``xtransformer.ranker`` section): their input and negatives, the
+    candidate clusters and combiner at prediction, and the solver (:class:`RankerParams`,
+    ``xtransformer.ranker.solver``)."""
+
     ranker_input: str = "tfidf+neural"
     neural_weight: float = 1.0
-    negatives: str = "tfn+man"
-    C: float = 1.0
-    threshold: float = 0.1
-    tol: float = 0.1
-    max_iter: int = 100
-    bias: float = 1.0
-    threads: int = 1
-    seed: int = 0
+    negatives: str = "tfn+man"     # tfn | man | tfn+man: the instances each cluster's rankers train on
     topb: int = 10                 # clusters taken from each candidate source
     topk: int = 100
     candidates: str = "union"      # matcher (the paper) | union (matcher top-b + linear tree beam) | linear
     combiner: str = "ranker"
     transform: str = "l3-hinge"
+    threads: int = 1               # clusters trained in parallel (the stage's --threads)
+    solver: RankerParams = field(default_factory=RankerParams)
 
     def __post_init__(self) -> None:
         if self.ranker_input not in RANKER_INPUTS:
             raise ValueError(f"ranker_input must be one of {RANKER_INPUTS}, got {self.ranker_input!r}")
+        if self.negatives not in NEGATIVE_KINDS:
+            raise ValueError(f"negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
         if self.combiner not in COMBINERS:
             raise ValueError(f"combiner must be one of {COMBINERS}, got {self.combiner!r}")
         if self.candidates not in CANDIDATES:
             raise ValueError(f"candidates must be one of {CANDIDATES}, got {self.candidates!r}")
         if self.transform not in TRANSFORMS:
             raise ValueError(f"transform must be one of {TRANSFORMS}, got {self.transform!r}")
-        self.ranker()  # validates the solver settings and the negatives
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     _what = "xtransformer ranker parameter"
-
-    def ranker(self) -> RankerParams:
-        return RankerParams(**self.pick(RankerParams))
+    _moved = SOLVER_MOVED
 
 
 def candidate_clusters(matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix | None, candidates: str,
@@ -153,7 +154,7 @@ def train(Xr: sp.csr_matrix, Y: sp.csr_matrix, C: sp.csr_matrix, M_hat: sp.csr_m
     C = sp.csr_matrix(C)
     cluster_of_label = np.asarray(C.argmax(axis=1)).ravel()
     mask = combine(params.negatives, Y, C, M_hat)
-    return train_rankers(Xr, Y, cluster_of_label, mask, params.ranker(), progress=progress)
+    return train_rankers(Xr, Y, cluster_of_label, mask, params.solver, progress=progress, threads=params.threads)
 
 
 def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, G: sp.csr_matrix,
@@ -169,7 +170,7 @@ def predict(Xr: sp.csr_matrix, W: sp.spmatrix, C: sp.csr_matrix, G: sp.csr_matri
     G = sp.csr_matrix(G, dtype=np.float32)
     C = sp.csr_matrix(C)
     Wc = sp.csc_matrix(W)
-    Xa = append_bias(Xr, params.bias)
+    Xa = append_bias(Xr, params.solver.bias)
     n = G.shape[0]
     # labels per candidate row: the sizes of its candidate clusters
     per_row = np.asarray(G.astype(bool).astype(np.float32) @ np.asarray(C.sum(axis=0), np.float32).ravel()).ravel()
@@ -222,7 +223,7 @@ def load(folder: str | Path) -> tuple[sp.csc_matrix, sp.csr_matrix, XTransformer
         raise StageError(f"{folder}: not an X-Transformer ranker (format {meta.get('format')!r})")
     # W in the scorer's layout (CSC), once per load rather than per prediction call
     return (sp.csc_matrix(io.load_csr(folder / "W.npz")), io.load_csr(folder / "C.npz"),
-            XTransformerRankerParams.from_dict(meta["params"]), meta)
+            XTransformerRankerParams.from_dict(XTransformerRankerParams.upgrade(meta["params"])), meta)
 
 
 def _stack_csr(paths: list[str]) -> sp.csr_matrix:
