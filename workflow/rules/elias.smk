@@ -10,7 +10,7 @@ def elias_params(stage):
     def f(w):
         s = S(w)
         el = s["elias"]
-        p = {"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen)}
+        p = {"encoder": ENC(w), "max_length": int(w.maxlen)}
         p.update(el["train"])
         p.update({k: v for k, v in el["index"].items() if v is not None})
         p.update(el[f"stage{stage}"])
@@ -20,7 +20,7 @@ def elias_params(stage):
 
 
 def elias_tokens(w):
-    d = xtg.tokens_dir(RES, w.dataset, xtg.unslug(w.enc), w.maxlen)
+    d = xtg.tokens_dir(RES, w.dataset, w.enc, w.maxlen)
     return [f"{d}/tokens_{s}.npz" for s in SPLITS]
 
 
@@ -39,7 +39,7 @@ rule elias_stage1:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(1),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1"),
+        hash=H("elias_stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=EL + "/stage1",
     threads: threads_of
@@ -71,7 +71,7 @@ rule elias_stage2:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(2),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2"),
+        hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         init=EL + "/stage1",
         out=EL + "/stage2",
@@ -93,7 +93,7 @@ rule elias_predict:
     """Top-k ELIAS predictions, shortlist scores and embeddings of one split."""
     input:
         model=EL + "/stage{stage}/model.safetensors",
-        tokens=lambda w: f"{xtg.tokens_dir(RES, w.dataset, xtg.unslug(w.enc), w.maxlen)}/tokens_{w.split}.npz",
+        tokens=lambda w: f"{xtg.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{w.split}.npz",
     output:
         predictions=EL + "/stage{stage}/pred_{split}.parquet",
         emb=EL + "/stage{stage}/emb_{split}.npz",
@@ -109,7 +109,7 @@ rule elias_predict:
                                        "device": S(w)["elias"]["train"]["device"],
                                        "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias.encoder", "elias.max_length", "elias.index", "elias.train", "elias.stage1", "elias.stage2", "elias.predict"),
+        hash=H("elias_predict"),
         model=EL + "/stage{stage}",
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
@@ -146,7 +146,7 @@ rule elias_plus_ranker:
         "logs/elias_plus_ranker/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=plus_params,
-        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
+        hash=H("elias_plus_ranker"),
     threads: threads_of
     resources:
         mem_mb=res("elias_plus_ranker", "mem_mb", 16000),
@@ -175,7 +175,7 @@ rule elias_plus_calibrate:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=plus_params,
-        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
+        hash=H("elias_plus_calibrate"),
     threads: 1
     resources:
         mem_mb=res("elias_plus_calibrate", "mem_mb", 8000),
@@ -206,7 +206,7 @@ rule elias_plus_predict:
         "logs/elias_plus_predict/{dataset}-{tree}-{enc}-{maxlen}-{cal}.log",
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
+        hash=H("elias_plus_predict"),
         cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
     threads: 1
     resources:
@@ -238,7 +238,7 @@ rule elias_ensemble:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:
         settings=lambda w: json.dumps({"method": S(w)["elias"]["ensemble"], "topk": S(w)["evaluate"]["topk"]}),
-        hash=H("split", "ingest", "tfidf", "cluster", "elias"),
+        hash=H("elias_ensemble"),
     threads: 1
     resources:
         mem_mb=res("elias_ensemble", "mem_mb", 8000),

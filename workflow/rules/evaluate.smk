@@ -21,7 +21,7 @@ def stage_records(w):
     if base == "xtransformer":
         s = S(w)
         enc = {m.enc for m in xtg.xt_members(s, variant)}
-        out += [f"{xtg.tokens_dir(RES, w.dataset, xtg.unslug(e), s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
+        out += [f"{xtg.tokens_dir(RES, w.dataset, e, s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
         return out + xtg.xt_records(RES, w.dataset, s, variant)
     if base == "elias":
         return out + xtg.elias_records(RES, w.dataset, S(w), variant)

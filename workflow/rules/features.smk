@@ -14,7 +14,7 @@ rule tfidf:
         "logs/tfidf/{dataset}.log",
     params:
         settings=P("tfidf"),
-        hash=H("split", "ingest", "tfidf"),
+        hash=H("tfidf"),
         ingest=RES + "/{dataset}/ingest",
         out=RES + "/{dataset}/features/tfidf",
     threads: 1
@@ -39,8 +39,8 @@ rule tokenize:
     log:
         "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": int(w.maxlen)}),
-        hash=H("split", "ingest"),
+        settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": int(w.maxlen)}),
+        hash=H("tokenize"),
         ingest=RES + "/{dataset}/ingest",
         out=RES + "/{dataset}/features/tokens/{enc}-{maxlen}",
     threads: 1
@@ -65,9 +65,9 @@ rule embed_pretrained:
     log:
         "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"],
+        settings=lambda w: json.dumps({"encoder": ENC(w), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"],
                                        "allow_cpu_fallback": S(w)["xtransformer"]["embed"]["allow_cpu_fallback"]}),
-        hash=H("split", "ingest"),
+        hash=H("embed_pretrained"),
         out=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}",
     threads: threads_of
     resources:

@@ -14,7 +14,7 @@ rule label_embedding_pifa_tfidf:
     log:
         "logs/label_embedding/{dataset}-pifa-tfidf.log",
     params:
-        hash=H("split", "ingest", "tfidf"),
+        hash=H("label_embedding_pifa_tfidf"),
     threads: 1
     resources:
         mem_mb=res("label_embedding_pifa_tfidf", "mem_mb", 8000),
@@ -39,7 +39,7 @@ rule label_embedding_pifa_neural:
     log:
         "logs/label_embedding/{dataset}-pifa-neural__{enc}.log",
     params:
-        hash=H("split", "ingest"),
+        hash=H("label_embedding_pifa_neural"),
     threads: 1
     resources:
         mem_mb=res("label_embedding_pifa_neural", "mem_mb", 8000),
@@ -62,8 +62,8 @@ rule label_embedding_text:
     log:
         "logs/label_embedding/{dataset}-text-emb__{enc}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": xtg.unslug(w.enc), "max_length": S(w)["xtransformer"]["embed"]["max_length"]}),
-        hash=H("split", "ingest", "xtransformer.embed"),
+        settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": S(w)["xtransformer"]["embed"]["max_length"]}),
+        hash=H("label_embedding_text"),
     threads: threads_of
     resources:
         mem_mb=res("label_embedding_text", "mem_mb", 8000),
@@ -86,7 +86,7 @@ rule cluster:
     log:
         "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}-s{seed}.log",
     params:
-        hash=H("split", "ingest", "tfidf", "cluster"),
+        hash=H("cluster"),
         c=lambda w: S(w)["cluster"],
     threads: threads_of
     resources:

@@ -25,7 +25,7 @@ rule xr_linear_train:
         "logs/xr_linear_train/{dataset}.log",
     params:
         settings=P("xr_linear", drop=("fit_on", "topk")),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
+        hash=H("xr_linear_train"),
     threads: threads_of
     resources:
         mem_mb=res("xr_linear_train", "mem_mb", 8000),
@@ -51,7 +51,7 @@ rule xr_linear_predict:
         "logs/xr_linear_predict/{dataset}.log",
     params:
         settings=P("xr_linear", keep=("beam", "topk", "transform")),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
+        hash=H("xr_linear_predict"),
     threads: threads_of
     resources:
         mem_mb=res("xr_linear_predict", "mem_mb", 8000),
@@ -77,7 +77,7 @@ rule parabel_train:
         "logs/parabel_train/{dataset}.log",
     params:
         settings=P("parabel"),
-        hash=H("split", "ingest", "tfidf", "parabel"),
+        hash=H("parabel_train"),
     threads: threads_of
     resources:
         mem_mb=res("parabel_train", "mem_mb", 8000),
@@ -104,7 +104,7 @@ rule parabel_predict:
         "logs/parabel_predict/{dataset}.log",
     params:
         settings=P("parabel"),
-        hash=H("split", "ingest", "tfidf", "parabel"),
+        hash=H("parabel_predict"),
     threads: threads_of
     resources:
         mem_mb=res("parabel_predict", "mem_mb", 8000),

@@ -15,7 +15,7 @@ def xt_fit_name(s):
 def xt_tokens(split_list, maxlen_key="matcher"):
     def f(w):
         xt = S(w)["xtransformer"]
-        d = xtg.tokens_dir(RES, w.dataset, xtg.unslug(w.enc), xt[maxlen_key]["max_length"])
+        d = xtg.tokens_dir(RES, w.dataset, w.enc, xt[maxlen_key]["max_length"])
         return [f"{d}/tokens_{s}.npz" for s in split_list]
 
     return f
@@ -23,7 +23,7 @@ def xt_tokens(split_list, maxlen_key="matcher"):
 
 def matcher_params(w):
     s = S(w)
-    p = dict(s["xtransformer"]["matcher"], encoder=xtg.unslug(w.enc))
+    p = dict(s["xtransformer"]["matcher"], encoder=ENC(w))
     return json.dumps(p, sort_keys=True)
 
 
@@ -40,7 +40,7 @@ rule xtransformer_linear_train:
         "logs/xtransformer_linear_train/{dataset}-{emb}-{tree}-{fit}.log",
     params:
         settings=P("xr_linear", drop=("fit_on", "topk")),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear"),
+        hash=H("xtransformer_linear_train"),
     threads: threads_of
     resources:
         mem_mb=res("xtransformer_linear_train", "mem_mb", 8000),
@@ -69,7 +69,7 @@ rule xtransformer_linear_clusters:
     params:
         settings=lambda w: json.dumps({"beam": S(w)["xtransformer"]["matcher"]["topb"],
                                        "keep": S(w)["xtransformer"]["matcher"]["topb"] * (2 if w.fit == "train" else 1)}),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher.topb"),
+        hash=H("xtransformer_linear_clusters"),
     threads: 1
     resources:
         mem_mb=res("xtransformer_linear_clusters", "mem_mb", 8000),
@@ -105,7 +105,7 @@ rule matcher:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
         settings=matcher_params,
-        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer.matcher"),
+        hash=H("matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=XT + "/matcher",
     threads: threads_of
@@ -168,8 +168,7 @@ rule xtransformer_ranker:
         "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
     params:
         settings=xt_ranker_params,
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher", "xtransformer.ranker",
-               "xtransformer.fit_on"),
+        hash=H("xtransformer_ranker"),
         emb=lambda w, input: f"--emb {' '.join(input.emb)}" if w.rin == "tfidf+neural" else "",
     threads: threads_of
     resources:
@@ -201,8 +200,7 @@ rule xtransformer_predict:
         "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
     params:
         settings=lambda w: xt_ranker_params(w, predict=True),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer.matcher", "xtransformer.ranker",
-               "xtransformer.fit_on"),
+        hash=H("xtransformer_predict"),
     threads: 1
     resources:
         mem_mb=res("xtransformer_predict", "mem_mb", 8000),
@@ -240,7 +238,7 @@ rule xtransformer_select:
     params:
         settings=lambda w: xt_ranker_params(SimpleNamespace(dataset=w.dataset, rin=xt_select_member(w).ranker_input,
                                                             neg=xt_select_member(w).negatives, cand="union")),
-        hash=H("split", "ingest", "tfidf", "cluster", "xr_linear", "xtransformer"),
+        hash=H("xtransformer_select"),
     threads: threads_of
     resources:
         mem_mb=res("xtransformer_select", "mem_mb", 16000),
@@ -279,7 +277,7 @@ rule xtransformer_ensemble:
     params:
         settings=lambda w: json.dumps({"method": xtg.xt_spec(S(w), xt_variant(w))["ensemble"],
                                        "topk": S(w)["evaluate"]["topk"]}),
-        hash=H("split", "ingest", "tfidf", "cluster", "xtransformer"),
+        hash=H("xtransformer_ensemble"),
     threads: 1
     resources:
         mem_mb=res("xtransformer_ensemble", "mem_mb", 8000),
