@@ -22,7 +22,7 @@ def demo_inputs(wildcards):
     `tokenize` encoder and length (the input every neural method shares)."""
     tok = xcfg.dataset_settings(config, "debtags")["tokenize"]
     return [f"{RES}/debtags/xr-linear.json", f"{RES}/debtags/parabel.json",
-            xtg.tokens_dir(RES, "debtags", tok["encoder"], tok["max_length"]) + "/tokens_test.npz"]
+            lay.tokens_dir(RES, "debtags", tok["encoder"], tok["max_length"]) + "/tokens_test.npz"]
 
 
 rule demo:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmc_steps import config, targets
+from xmc_steps import config, layout as targets
 from xmc_steps.ranker import ranker_features
 from xmc_steps.xtransformer import XTransformerRankerParams, predict, train
 

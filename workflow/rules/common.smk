@@ -14,7 +14,7 @@ sys.path.insert(0, workflow.basedir)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [workflow.basedir, os.environ.get("PYTHONPATH", "")] if p)
 from xmc_steps import config as xcfg  # noqa: E402
 from xmc_steps import datasets as xds  # noqa: E402
-from xmc_steps import targets as xtg  # noqa: E402
+from xmc_steps import layout as lay  # noqa: E402
 
 try:
     xcfg.validate(config, source="config.yaml (with --config overrides)")
@@ -44,6 +44,14 @@ wildcard_constraints:
     fit=r"train|train\+valid|valid\+train",
     cand=r"matcher|union|linear",
     comb=r"ranker|product|mean",
+
+
+def R(pattern, wildcards=None, **values):
+    """A layout pattern (xmc_steps.layout, where every artifact path is stated once) under the
+    results folder, with the wildcards of ``wildcards`` and ``values`` filled, the others kept."""
+    filled = dict(wildcards.items()) if wildcards is not None else {}
+    filled.update(values)
+    return lay.at(RES, pattern, **filled)
 
 
 def S(wildcards):

@@ -15,7 +15,7 @@ rule prepare:
         "logs/prepare/debtags.log",
     params:
         out=f"{DATA}/debtags",
-        workdir=f"{RES}/debtags/prepare/apt",
+        workdir=R(lay.PREPARE, dataset="debtags") + "/apt",
     threads: 1
     resources:
         mem_mb=res("prepare", "mem_mb", 2000),
@@ -32,11 +32,11 @@ rule ingest:
     input:
         dataset_inputs,
     output:
-        docs=expand(RES + "/{{dataset}}/ingest/docs_{split}.parquet", split=SPLITS),
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=SPLITS),
-        labels=RES + "/{dataset}/ingest/labels.parquet",
-        report=RES + "/{dataset}/ingest/ingest.json",
-        record=RES + "/{dataset}/ingest/record.json",
+        docs=expand(R(lay.INGEST) + "/docs_{split}.parquet", split=SPLITS, allow_missing=True),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=SPLITS, allow_missing=True),
+        labels=R(lay.INGEST) + "/labels.parquet",
+        report=R(lay.INGEST) + "/ingest.json",
+        record=R(lay.INGEST) + "/record.json",
     log:
         "logs/ingest/{dataset}.log",
     params:
@@ -44,7 +44,7 @@ rule ingest:
         hash=H("ingest"),
         path=lambda w: S(w).get("path") or "",
         layout=lambda w: S(w).get("layout") or "",
-        out=RES + "/{dataset}/ingest",
+        out=R(lay.INGEST),
     threads: 1
     resources:
         mem_mb=res("ingest", "mem_mb", 4000),

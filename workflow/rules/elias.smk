@@ -1,9 +1,7 @@
 # ELIAS (§3): stage 1 (A fixed to the balanced clustering), stage 2 (A learned, initialised
 # by Eqs. 9-10), predictions per split, ELIAS++ (§3.5: sparse ranker + calibration) and the
 # ensemble over clustering seeds.  One model folder per seed:
-#   results/{dataset}/elias/tree-b{B}-l{leaf}-s{seed}/{enc}-{maxlen}/
-
-EL = RES + "/{dataset}/elias/{tree}/{enc}-{maxlen}"
+#   results/{dataset}/elias/tree-b{B}-l{leaf}-s{seed}/{enc}-{maxlen}/ (layout.ELIAS)
 
 
 def elias_params(stage):
@@ -20,7 +18,7 @@ def elias_params(stage):
 
 
 def elias_tokens(w):
-    d = xtg.tokens_dir(RES, w.dataset, w.enc, w.maxlen)
+    d = lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)
     return [f"{d}/tokens_{s}.npz" for s in SPLITS]
 
 
@@ -28,20 +26,20 @@ rule elias_stage1:
     """ELIAS stage 1: encoder, W_C and W_L with A fixed to the balanced clustering."""
     input:
         tokens=elias_tokens,
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
-        tree=RES + "/{dataset}/index/pifa-tfidf/{tree}.npz",
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
+        tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
     output:
-        model=EL + "/stage1/model.safetensors",
-        meta=EL + "/stage1/elias.json",
-        clusters=EL + "/stage1/clusters_train.npz",
-        record=EL + "/stage1/record.json",
+        model=R(lay.ELIAS_STAGE, stage=1) + "/model.safetensors",
+        meta=R(lay.ELIAS_STAGE, stage=1) + "/elias.json",
+        clusters=R(lay.ELIAS_STAGE, stage=1) + "/clusters_train.npz",
+        record=R(lay.ELIAS_STAGE, stage=1) + "/record.json",
     log:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(1),
         hash=H("elias_stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        out=EL + "/stage1",
+        out=R(lay.ELIAS_STAGE, stage=1),
     threads: threads_of
     resources:
         mem_mb=res("elias_stage1", "mem_mb", 16000),
@@ -60,21 +58,21 @@ rule elias_stage2:
     """ELIAS stage 2: A initialised from stage 1 (Eqs. 9-10), everything trained end to end."""
     input:
         tokens=elias_tokens,
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         stage1=rules.elias_stage1.output.model,
         clusters=rules.elias_stage1.output.clusters,
     output:
-        model=EL + "/stage2/model.safetensors",
-        meta=EL + "/stage2/elias.json",
-        record=EL + "/stage2/record.json",
+        model=R(lay.ELIAS_STAGE, stage=2) + "/model.safetensors",
+        meta=R(lay.ELIAS_STAGE, stage=2) + "/elias.json",
+        record=R(lay.ELIAS_STAGE, stage=2) + "/record.json",
     log:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
         settings=elias_params(2),
         hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        init=EL + "/stage1",
-        out=EL + "/stage2",
+        init=R(lay.ELIAS_STAGE, stage=1),
+        out=R(lay.ELIAS_STAGE, stage=2),
     threads: threads_of
     resources:
         mem_mb=res("elias_stage2", "mem_mb", 16000),
@@ -92,13 +90,13 @@ rule elias_stage2:
 rule elias_predict:
     """Top-k ELIAS predictions, shortlist scores and embeddings of one split."""
     input:
-        model=EL + "/stage{stage}/model.safetensors",
-        tokens=lambda w: f"{xtg.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{w.split}.npz",
+        model=R(lay.ELIAS_STAGE) + "/model.safetensors",
+        tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{w.split}.npz",
     output:
-        predictions=EL + "/stage{stage}/pred_{split}.parquet",
-        emb=EL + "/stage{stage}/emb_{split}.npz",
-        shortlist=EL + "/stage{stage}/shortlist_{split}.parquet",
-        record=EL + "/stage{stage}/pred_{split}.record.json",
+        predictions=R(lay.ELIAS_STAGE) + "/pred_{split}.parquet",
+        emb=R(lay.ELIAS_STAGE) + "/emb_{split}.npz",
+        shortlist=R(lay.ELIAS_STAGE) + "/shortlist_{split}.parquet",
+        record=R(lay.ELIAS_STAGE) + "/pred_{split}.record.json",
     wildcard_constraints:
         stage="1|2",
         split="train|valid|test",
@@ -110,7 +108,7 @@ rule elias_predict:
                                        "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
         hash=H("elias_predict"),
-        model=EL + "/stage{stage}",
+        model=R(lay.ELIAS_STAGE),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
     resources:
@@ -135,13 +133,13 @@ def plus_params(w):
 rule elias_plus_ranker:
     """ELIAS++ sparse ranker on [embedding ⊕ TF-IDF] over each training point's top-100."""
     input:
-        X=RES + "/{dataset}/features/tfidf/X_train.npz",
-        Y=RES + "/{dataset}/ingest/Y_train.npz",
-        emb=EL + "/stage2/emb_train.npz",
-        cand=EL + "/stage2/pred_train.parquet",
+        X=R(lay.TFIDF) + "/X_train.npz",
+        Y=R(lay.INGEST) + "/Y_train.npz",
+        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_train.npz",
+        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_train.parquet",
     output:
-        model=directory(EL + "/plus/ranker"),
-        record=EL + "/plus/ranker.record.json",
+        model=directory(R(lay.ELIAS_PLUS) + "/ranker"),
+        record=R(lay.ELIAS_PLUS) + "/ranker.record.json",
     log:
         "logs/elias_plus_ranker/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -164,13 +162,13 @@ rule elias_plus_calibrate:
     """Score calibration: a decision tree on [ranker, ELIAS, label frequency], fit on valid."""
     input:
         model=rules.elias_plus_ranker.output.model,
-        X=RES + "/{dataset}/features/tfidf/X_valid.npz",
-        Y=RES + "/{dataset}/ingest/Y_valid.npz",
-        emb=EL + "/stage2/emb_valid.npz",
-        cand=EL + "/stage2/pred_valid.parquet",
+        X=R(lay.TFIDF) + "/X_valid.npz",
+        Y=R(lay.INGEST) + "/Y_valid.npz",
+        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_valid.npz",
+        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_valid.parquet",
     output:
-        model=directory(EL + "/plus/calibration"),
-        record=EL + "/plus/calibration.record.json",
+        model=directory(R(lay.ELIAS_PLUS) + "/calibration"),
+        record=R(lay.ELIAS_PLUS) + "/calibration.record.json",
     log:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -193,13 +191,13 @@ rule elias_plus_predict:
     """ELIAS++ scores of the test documents, with or without calibration."""
     input:
         model=rules.elias_plus_ranker.output.model,
-        calibration=lambda w: [f"{RES}/{w.dataset}/elias/{w.tree}/{w.enc}-{w.maxlen}/plus/calibration"] if w.cal == "calibrated" else [],
-        X=RES + "/{dataset}/features/tfidf/X_test.npz",
-        emb=EL + "/stage2/emb_test.npz",
-        cand=EL + "/stage2/pred_test.parquet",
+        calibration=lambda w: [R(lay.ELIAS_PLUS, w) + "/calibration"] if w.cal == "calibrated" else [],
+        X=R(lay.TFIDF) + "/X_test.npz",
+        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_test.npz",
+        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_test.parquet",
     output:
-        predictions=EL + "/plus/predictions_test_{cal}.parquet",
-        record=EL + "/plus/predict_{cal}.record.json",
+        predictions=R(lay.ELIAS_PLUS) + "/predictions_test_{cal}.parquet",
+        record=R(lay.ELIAS_PLUS) + "/predict_{cal}.record.json",
     wildcard_constraints:
         cal="calibrated|uncalibrated",
     log:
@@ -228,12 +226,12 @@ def elias_variant(w):
 rule elias_ensemble:
     """Ensemble of ELIAS++ models over different initial clusterings (the paper's 3x)."""
     input:
-        members=lambda w: [f"{xtg.elias_dir(RES, w.dataset, S(w), seed)}/plus/predictions_test_calibrated.parquet"
-                           for seed in xtg.elias_seeds(S(w), elias_variant(w))],
-        labels=RES + "/{dataset}/ingest/labels.parquet",
+        members=lambda w: [lay.elias_dir(RES, w.dataset, S(w), seed) + "/plus/predictions_test_calibrated.parquet"
+                           for seed in lay.elias_seeds(S(w), elias_variant(w))],
+        labels=R(lay.INGEST) + "/labels.parquet",
     output:
-        predictions=RES + "/{dataset}/elias/ensemble-{variant}/predictions_test.parquet",
-        record=RES + "/{dataset}/elias/ensemble-{variant}/record.json",
+        predictions=R(lay.ELIAS_ENSEMBLE) + "/predictions_test.parquet",
+        record=R(lay.ELIAS_ENSEMBLE) + "/record.json",
     log:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:

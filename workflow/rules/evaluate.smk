@@ -1,40 +1,39 @@
 # Evaluation: the metrics of xmc_steps/metrics.py, costs of every stage, results/{dataset}/{method}.json.
 
-SHARED_RECORDS = ["ingest/record.json", "features/tfidf/record.json"]
+SHARED_RECORDS = [lay.INGEST + "/record.json", lay.TFIDF + "/record.json"]
 
 
 def method_predictions(w):
     """The test predictions a target is evaluated on."""
-    base, variant = xtg.split_method(w.method)
+    base, variant = lay.split_method(w.method)
     if base == "xtransformer":
-        return xtg.xt_predictions(RES, w.dataset, S(w), variant)
+        return lay.xt_predictions(RES, w.dataset, S(w), variant)
     if base == "elias":
-        return xtg.elias_predictions(RES, w.dataset, S(w), variant)
-    return f"{RES}/{w.dataset}/{w.method}/predictions_test.parquet"
+        return lay.elias_predictions(RES, w.dataset, S(w), variant)
+    return R(lay.METHOD, w) + "/predictions_test.parquet"
 
 
 def stage_records(w):
     """Every stage record of a target: its costs go into the results file."""
-    base, variant = xtg.split_method(w.method)
-    d = f"{RES}/{w.dataset}"
-    out = [f"{d}/{r}" for r in SHARED_RECORDS]
+    base, variant = lay.split_method(w.method)
+    out = [R(r, w) for r in SHARED_RECORDS]
     if base == "xtransformer":
         s = S(w)
-        enc = {m.enc for m in xtg.xt_members(s, variant)}
-        out += [f"{xtg.tokens_dir(RES, w.dataset, e, s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
-        return out + xtg.xt_records(RES, w.dataset, s, variant)
+        enc = {m.enc for m in lay.xt_members(s, variant)}
+        out += [f"{lay.tokens_dir(RES, w.dataset, e, s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
+        return out + lay.xt_records(RES, w.dataset, s, variant)
     if base == "elias":
-        return out + xtg.elias_records(RES, w.dataset, S(w), variant)
+        return out + lay.elias_records(RES, w.dataset, S(w), variant)
     if base == "xr-linear":
-        tree = xtg.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
-        out += [f"{d}/index/pifa-tfidf/label_emb.record.json", tree.replace(".npz", ".record.json")]
-    return out + [f"{d}/{w.method}/train.record.json", f"{d}/{w.method}/predict.record.json"]
+        tree = lay.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
+        out += [R(lay.INDEX, w, emb="pifa-tfidf") + "/label_emb.record.json", tree.replace(".npz", ".record.json")]
+    return out + [R(lay.METHOD, w) + "/train.record.json", R(lay.METHOD, w) + "/predict.record.json"]
 
 
 rule effective_config:
     """The effective settings of a target and their hash, for its results file."""
     output:
-        RES + "/{dataset}/config/{method}.json",
+        R(lay.CONFIG),
     params:
         settings=lambda w: json.dumps(xcfg.method_settings(config, w.dataset, w.method), sort_keys=True),
     localrule: True
@@ -49,18 +48,18 @@ rule evaluate:
     """P@k, nDCG@k, PSP@k, PSnDCG@k, R@k, decile recall; stage costs; schema-validated JSON."""
     input:
         predictions=method_predictions,
-        truth=RES + "/{dataset}/ingest/Y_test.npz",
-        train=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
-        labels=RES + "/{dataset}/ingest/labels.parquet",
+        truth=R(lay.INGEST) + "/Y_test.npz",
+        train=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
+        labels=R(lay.INGEST) + "/labels.parquet",
         records=stage_records,
         config=rules.effective_config.output,
     output:
         # `snakemake --report report.html <targets>`: one category per dataset, a subcategory per method
-        result=report(RES + "/{dataset}/{method}.json", category="{dataset}", subcategory="{method}",
+        result=report(R(lay.METHOD) + ".json", category="{dataset}", subcategory="{method}",
                       labels={"dataset": "{dataset}", "method": "{method}", "file": "metrics (JSON)"}),
-        plot=report(RES + "/{dataset}/{method}_decile_recall.png", category="{dataset}", subcategory="{method}",
+        plot=report(R(lay.METHOD) + "_decile_recall.png", category="{dataset}", subcategory="{method}",
                     labels={"dataset": "{dataset}", "method": "{method}", "file": "decile-wise recall@100"}),
-        record=RES + "/{dataset}/records/{method}.evaluate.json",
+        record=R(lay.RECORDS) + "/{method}.evaluate.json",
     log:
         "logs/evaluate/{dataset}-{method}.log",
     params:

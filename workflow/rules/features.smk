@@ -5,18 +5,18 @@ rule tfidf:
     """Word n-gram TF-IDF, sublinear tf, L2-normalised; vocabulary and idf saved."""
     input:
         rules.ingest.output.docs,
-        record=RES + "/{dataset}/ingest/record.json",
+        record=R(lay.INGEST) + "/record.json",
     output:
-        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=SPLITS),
-        vocab=RES + "/{dataset}/features/tfidf/vocab.parquet",
-        record=RES + "/{dataset}/features/tfidf/record.json",
+        X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=SPLITS, allow_missing=True),
+        vocab=R(lay.TFIDF) + "/vocab.parquet",
+        record=R(lay.TFIDF) + "/record.json",
     log:
         "logs/tfidf/{dataset}.log",
     params:
         settings=P("tfidf"),
         hash=H("tfidf"),
-        ingest=RES + "/{dataset}/ingest",
-        out=RES + "/{dataset}/features/tfidf",
+        ingest=R(lay.INGEST),
+        out=R(lay.TFIDF),
     threads: 1
     resources:
         mem_mb=res("tfidf", "mem_mb", 8000),
@@ -34,15 +34,15 @@ rule tokenize:
     input:
         rules.ingest.output.docs,
     output:
-        tokens=expand(RES + "/{{dataset}}/features/tokens/{{enc}}-{{maxlen}}/tokens_{split}.npz", split=SPLITS),
-        record=RES + "/{dataset}/features/tokens/{enc}-{maxlen}/record.json",
+        tokens=expand(R(lay.TOKENS) + "/tokens_{split}.npz", split=SPLITS, allow_missing=True),
+        record=R(lay.TOKENS) + "/record.json",
     log:
         "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
         settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": int(w.maxlen)}),
         hash=H("tokenize"),
-        ingest=RES + "/{dataset}/ingest",
-        out=RES + "/{dataset}/features/tokens/{enc}-{maxlen}",
+        ingest=R(lay.INGEST),
+        out=R(lay.TOKENS),
     threads: 1
     resources:
         mem_mb=res("tokenize", "mem_mb", 8000),
@@ -58,17 +58,17 @@ rule tokenize:
 rule embed_pretrained:
     """Instance embeddings from the pre-trained encoder (the input of pifa-neural)."""
     input:
-        tokens=expand(RES + "/{{dataset}}/features/tokens/{{enc}}-{{maxlen}}/tokens_{split}.npz", split=["train", "valid"]),
+        tokens=expand(R(lay.TOKENS) + "/tokens_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
-        emb=expand(RES + "/{{dataset}}/features/pretrained/{{enc}}-{{maxlen}}/emb_{split}.npz", split=["train", "valid"]),
-        record=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}/record.json",
+        emb=expand(R(lay.PRETRAINED) + "/emb_{split}.npz", split=["train", "valid"], allow_missing=True),
+        record=R(lay.PRETRAINED) + "/record.json",
     log:
         "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
     params:
         settings=lambda w: json.dumps({"encoder": ENC(w), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"],
                                        "allow_cpu_fallback": S(w)["xtransformer"]["embed"]["allow_cpu_fallback"]}),
         hash=H("embed_pretrained"),
-        out=RES + "/{dataset}/features/pretrained/{enc}-{maxlen}",
+        out=R(lay.PRETRAINED),
     threads: threads_of
     resources:
         mem_mb=res("embed_pretrained", "mem_mb", 8000),

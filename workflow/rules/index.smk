@@ -6,11 +6,11 @@
 rule label_embedding_pifa_tfidf:
     """PIFA label embedding from TF-IDF (X-Transformer §3.2)."""
     input:
-        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=["train", "valid"]),
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+        X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=["train", "valid"], allow_missing=True),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
-        emb=RES + "/{dataset}/index/pifa-tfidf/label_emb.npz",
-        record=RES + "/{dataset}/index/pifa-tfidf/label_emb.record.json",
+        emb=R(lay.INDEX, emb="pifa-tfidf") + "/label_emb.npz",
+        record=R(lay.INDEX, emb="pifa-tfidf") + "/label_emb.record.json",
     log:
         "logs/label_embedding/{dataset}-pifa-tfidf.log",
     params:
@@ -30,12 +30,12 @@ rule label_embedding_pifa_tfidf:
 rule label_embedding_pifa_neural:
     """PIFA over the pre-trained encoder's instance embeddings (§3.2)."""
     input:
-        E=lambda w: expand(RES + "/{dataset}/features/pretrained/{enc}-{maxlen}/emb_{split}.npz", dataset=w.dataset,
-                           enc=w.enc, maxlen=S(w)["xtransformer"]["embed"]["max_length"], split=["train", "valid"]),
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+        E=lambda w: expand(R(lay.PRETRAINED) + "/emb_{split}.npz", dataset=w.dataset,
+                           enc=w.enc, maxlen=S(w)["xtransformer"]["embed"]["max_length"], split=["train", "valid"], allow_missing=True),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
-        emb=RES + "/{dataset}/index/pifa-neural__{enc}/label_emb.npz",
-        record=RES + "/{dataset}/index/pifa-neural__{enc}/label_emb.record.json",
+        emb=R(lay.INDEX, emb="pifa-neural__{enc}") + "/label_emb.npz",
+        record=R(lay.INDEX, emb="pifa-neural__{enc}") + "/label_emb.record.json",
     log:
         "logs/label_embedding/{dataset}-pifa-neural__{enc}.log",
     params:
@@ -55,10 +55,10 @@ rule label_embedding_pifa_neural:
 rule label_embedding_text:
     """Label-text embeddings: the encoder's mean-pooled token states (§3.2)."""
     input:
-        labels=RES + "/{dataset}/ingest/labels.parquet",
+        labels=R(lay.INGEST) + "/labels.parquet",
     output:
-        emb=RES + "/{dataset}/index/text-emb__{enc}/label_emb.npz",
-        record=RES + "/{dataset}/index/text-emb__{enc}/label_emb.record.json",
+        emb=R(lay.INDEX, emb="text-emb__{enc}") + "/label_emb.npz",
+        record=R(lay.INDEX, emb="text-emb__{enc}") + "/label_emb.record.json",
     log:
         "logs/label_embedding/{dataset}-text-emb__{enc}.log",
     params:
@@ -79,10 +79,10 @@ rule label_embedding_text:
 rule cluster:
     """Balanced hierarchical spherical k-means over the label embeddings."""
     input:
-        emb=RES + "/{dataset}/index/{emb}/label_emb.npz",
+        emb=R(lay.INDEX) + "/label_emb.npz",
     output:
-        tree=RES + "/{dataset}/index/{emb}/tree-b{branching}-l{leaf}-s{seed}.npz",
-        record=RES + "/{dataset}/index/{emb}/tree-b{branching}-l{leaf}-s{seed}.record.json",
+        tree=R(lay.TREE, tree="tree-b{branching}-l{leaf}-s{seed}") + ".npz",
+        record=R(lay.TREE, tree="tree-b{branching}-l{leaf}-s{seed}") + ".record.json",
     log:
         "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}-s{seed}.log",
     params:

@@ -6,8 +6,8 @@ def fit_files(kind, section):
     """The feature (``X``) or label (``Y``) files of the splits a method fits on."""
 
     def f(wildcards):
-        sub = "features/tfidf" if kind == "X" else "ingest"
-        return [f"{RES}/{wildcards.dataset}/{sub}/{kind}_{s}.npz" for s in S(wildcards)[section]["fit_on"]]
+        folder = R(lay.TFIDF if kind == "X" else lay.INGEST, wildcards)
+        return [f"{folder}/{kind}_{s}.npz" for s in S(wildcards)[section]["fit_on"]]
 
     return f
 
@@ -17,10 +17,10 @@ rule xr_linear_train:
     input:
         X=fit_files("X", "xr_linear"),
         Y=fit_files("Y", "xr_linear"),
-        tree=lambda w: xtg.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"]),
+        tree=lambda w: lay.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"]),
     output:
-        model=directory(RES + "/{dataset}/xr-linear/model"),
-        record=RES + "/{dataset}/xr-linear/train.record.json",
+        model=directory(R(lay.XR_LINEAR) + "/model"),
+        record=R(lay.XR_LINEAR) + "/train.record.json",
     log:
         "logs/xr_linear_train/{dataset}.log",
     params:
@@ -43,10 +43,10 @@ rule xr_linear_predict:
     """Beam search down the tree; top-k labels per test document."""
     input:
         model=rules.xr_linear_train.output.model,
-        X=RES + "/{dataset}/features/tfidf/X_test.npz",
+        X=R(lay.TFIDF) + "/X_test.npz",
     output:
-        predictions=RES + "/{dataset}/xr-linear/predictions_test.parquet",
-        record=RES + "/{dataset}/xr-linear/predict.record.json",
+        predictions=R(lay.XR_LINEAR) + "/predictions_test.parquet",
+        record=R(lay.XR_LINEAR) + "/predict.record.json",
     log:
         "logs/xr_linear_predict/{dataset}.log",
     params:
@@ -71,8 +71,8 @@ rule parabel_train:
         X=fit_files("X", "parabel"),
         Y=fit_files("Y", "parabel"),
     output:
-        model=directory(RES + "/{dataset}/parabel/model"),
-        record=RES + "/{dataset}/parabel/train.record.json",
+        model=directory(R(lay.PARABEL) + "/model"),
+        record=R(lay.PARABEL) + "/train.record.json",
     log:
         "logs/parabel_train/{dataset}.log",
     params:
@@ -95,11 +95,11 @@ rule parabel_predict:
     """omikuji beam search; top-k labels per test document."""
     input:
         model=rules.parabel_train.output.model,
-        X=RES + "/{dataset}/features/tfidf/X_test.npz",
-        labels=RES + "/{dataset}/ingest/labels.parquet",
+        X=R(lay.TFIDF) + "/X_test.npz",
+        labels=R(lay.INGEST) + "/labels.parquet",
     output:
-        predictions=RES + "/{dataset}/parabel/predictions_test.parquet",
-        record=RES + "/{dataset}/parabel/predict.record.json",
+        predictions=R(lay.PARABEL) + "/predictions_test.parquet",
+        record=R(lay.PARABEL) + "/predict.record.json",
     log:
         "logs/parabel_predict/{dataset}.log",
     params:

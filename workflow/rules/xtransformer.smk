@@ -1,10 +1,8 @@
 # X-Transformer: the neural matcher (§3.3) per (indexing, tree, encoder), its rankers
 # (§3.4) per (ranker input, negatives), Eq. 2 prediction, and ensembles (Table 5 rows 7-9).
-
-XT = RES + "/{dataset}/xtransformer/{emb}/{tree}/{enc}"
-# XR-Linear over the matcher's tree, fit on the splits `fit` ("train" or "train+valid"): the
-# guard's linear baseline and the second candidate source of Eq. 2 (xmc_steps/xtransformer.py)
-XT_LIN = RES + "/{dataset}/xtransformer/{emb}/{tree}/linear-{fit}"
+# XR-Linear over the matcher's tree, fit on the splits `fit` ("train" or "train+valid"), in
+# layout.XT_LINEAR: the guard's linear baseline and the second candidate source of Eq. 2
+# (xmc_steps/xtransformer.py).
 
 
 def xt_fit_name(s):
@@ -15,7 +13,7 @@ def xt_fit_name(s):
 def xt_tokens(split_list, maxlen_key="matcher"):
     def f(w):
         xt = S(w)["xtransformer"]
-        d = xtg.tokens_dir(RES, w.dataset, w.enc, xt[maxlen_key]["max_length"])
+        d = lay.tokens_dir(RES, w.dataset, w.enc, xt[maxlen_key]["max_length"])
         return [f"{d}/tokens_{s}.npz" for s in split_list]
 
     return f
@@ -30,12 +28,12 @@ def matcher_params(w):
 rule xtransformer_linear_train:
     """XR-Linear (the xr_linear settings) over the matcher's cluster tree, fit on `fit`."""
     input:
-        X=lambda w: [f"{RES}/{w.dataset}/features/tfidf/X_{s}.npz" for s in w.fit.split("+")],
-        Y=lambda w: [f"{RES}/{w.dataset}/ingest/Y_{s}.npz" for s in w.fit.split("+")],
-        tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
+        X=lambda w: [R(lay.TFIDF, w) + f"/X_{s}.npz" for s in w.fit.split("+")],
+        Y=lambda w: [R(lay.INGEST, w) + f"/Y_{s}.npz" for s in w.fit.split("+")],
+        tree=R(lay.TREE) + ".npz",
     output:
-        model=directory(XT_LIN + "/model"),
-        record=XT_LIN + "/train.record.json",
+        model=directory(R(lay.XT_LINEAR) + "/model"),
+        record=R(lay.XT_LINEAR) + "/train.record.json",
     log:
         "logs/xtransformer_linear_train/{dataset}-{emb}-{tree}-{fit}.log",
     params:
@@ -59,11 +57,11 @@ rule xtransformer_linear_clusters:
     train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline."""
     input:
         # the xr-linear target's model when it is the same model (same tree and splits): fit once
-        model=lambda w: xtg.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
-        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=SPLITS),
+        model=lambda w: lay.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
+        X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=SPLITS, allow_missing=True),
     output:
-        clusters=expand(XT_LIN + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
-        record=XT_LIN + "/clusters.record.json",
+        clusters=expand(R(lay.XT_LINEAR) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        record=R(lay.XT_LINEAR) + "/clusters.record.json",
     log:
         "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
     params:
@@ -89,25 +87,25 @@ rule matcher:
     trivial baselines (the guard)."""
     input:
         tokens=xt_tokens(SPLITS),
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
-        tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
-        linear=expand(RES + "/{{dataset}}/xtransformer/{{emb}}/{{tree}}/linear-train/clusters_{split}.npz", split=SPLITS),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
+        tree=R(lay.TREE) + ".npz",
+        linear=expand(R(lay.XT_LINEAR, fit="train") + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
     output:
-        model=XT + "/matcher/model.safetensors",
-        meta=XT + "/matcher/matcher.json",
-        guard=XT + "/matcher/guard.json",
-        curve=report(XT + "/matcher/curve.png", category="{dataset}", subcategory="xtransformer matcher",
+        model=R(lay.XT_MATCHER) + "/model.safetensors",
+        meta=R(lay.XT_MATCHER) + "/matcher.json",
+        guard=R(lay.XT_MATCHER) + "/guard.json",
+        curve=report(R(lay.XT_MATCHER) + "/curve.png", category="{dataset}", subcategory="xtransformer matcher",
                      labels={"dataset": "{dataset}", "matcher": "{emb} {tree} {enc}", "file": "valid cluster recall"}),
-        emb=expand(XT + "/matcher/emb_{split}.npz", split=SPLITS, allow_missing=True),
-        clusters=expand(XT + "/matcher/clusters_{split}.npz", split=SPLITS, allow_missing=True),
-        record=XT + "/matcher/record.json",
+        emb=expand(R(lay.XT_MATCHER) + "/emb_{split}.npz", split=SPLITS, allow_missing=True),
+        clusters=expand(R(lay.XT_MATCHER) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        record=R(lay.XT_MATCHER) + "/record.json",
     log:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
         settings=matcher_params,
         hash=H("matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        out=XT + "/matcher",
+        out=R(lay.XT_MATCHER),
     threads: threads_of
     resources:
         mem_mb=res("matcher", "mem_mb", 16000),
@@ -140,14 +138,12 @@ def xt_fit(kind):
         s = S(w)
         splits = s["xtransformer"]["fit_on"]
         if kind == "X":
-            return [f"{RES}/{w.dataset}/features/tfidf/X_{x}.npz" for x in splits]
+            return [R(lay.TFIDF, w) + f"/X_{x}.npz" for x in splits]
         if kind == "Y":
-            return [f"{RES}/{w.dataset}/ingest/Y_{x}.npz" for x in splits]
+            return [R(lay.INGEST, w) + f"/Y_{x}.npz" for x in splits]
         if kind == "linear":
-            base = f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/linear-{xt_fit_name(s)}"
-            return [f"{base}/clusters_{x}.npz" for x in splits]
-        base = f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/{w.enc}/matcher"
-        return [f"{base}/{kind}_{x}.npz" for x in splits]
+            return [R(lay.XT_LINEAR, w, fit=xt_fit_name(s)) + f"/clusters_{x}.npz" for x in splits]
+        return [R(lay.XT_MATCHER, w) + f"/{kind}_{x}.npz" for x in splits]
 
     return f
 
@@ -160,10 +156,10 @@ rule xtransformer_ranker:
         emb=xt_fit("emb"),
         clusters=xt_fit("clusters"),
         linear=xt_fit("linear"),
-        tree=RES + "/{dataset}/index/{emb}/{tree}.npz",
+        tree=R(lay.TREE) + ".npz",
     output:
-        model=directory(XT + "/ranker-{rin}-{neg}-{cand}/model"),
-        record=XT + "/ranker-{rin}-{neg}-{cand}/train.record.json",
+        model=directory(R(lay.XT_RANKER) + "/model"),
+        record=R(lay.XT_RANKER) + "/train.record.json",
     log:
         "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
     params:
@@ -188,14 +184,14 @@ rule xtransformer_predict:
     """Eq. 2: matcher's top-b clusters, ranker scores inside them, combined."""
     input:
         model=rules.xtransformer_ranker.output.model,
-        matcher=XT + "/matcher/model.safetensors",
-        X=RES + "/{dataset}/features/tfidf/X_test.npz",
-        emb=XT + "/matcher/emb_test.npz",
-        clusters=XT + "/matcher/clusters_test.npz",
-        linear=lambda w: f"{RES}/{w.dataset}/xtransformer/{w.emb}/{w.tree}/linear-{xt_fit_name(S(w))}/clusters_test.npz",
+        matcher=R(lay.XT_MATCHER) + "/model.safetensors",
+        X=R(lay.TFIDF) + "/X_test.npz",
+        emb=R(lay.XT_MATCHER) + "/emb_test.npz",
+        clusters=R(lay.XT_MATCHER) + "/clusters_test.npz",
+        linear=lambda w: R(lay.XT_LINEAR, w, fit=xt_fit_name(S(w))) + "/clusters_test.npz",
     output:
-        predictions=XT + "/ranker-{rin}-{neg}-{cand}/{comb}/predictions_test.parquet",
-        record=XT + "/ranker-{rin}-{neg}-{cand}/{comb}/predict.record.json",
+        predictions=R(lay.XT_PREDICT) + "/predictions_test.parquet",
+        record=R(lay.XT_PREDICT) + "/predict.record.json",
     log:
         "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
     params:
@@ -219,20 +215,20 @@ rule xtransformer_select:
     """The validation table the prediction defaults are chosen from: rankers fit on train, every
     candidate set (matcher, linear tree, union) x combiner (Eq. 2's sigma) scored on valid."""
     input:
-        X=expand(RES + "/{{dataset}}/features/tfidf/X_{split}.npz", split=["train", "valid"]),
-        Y=expand(RES + "/{{dataset}}/ingest/Y_{split}.npz", split=["train", "valid"]),
+        X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=["train", "valid"], allow_missing=True),
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         emb=lambda w: [f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/emb_{s}.npz" for s in ("train", "valid")],
         clusters=lambda w: [f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/clusters_{s}.npz" for s in ("train", "valid")],
         linear=lambda w: [f"{xt_select_member(w).linear_dir(RES, w.dataset, 'train')}/clusters_{s}.npz"
                           for s in ("train", "valid")],
         matcher=lambda w: f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/model.safetensors",
-        tree=lambda w: f"{RES}/{w.dataset}/index/{xt_select_member(w).emb}/{xt_select_member(w).tree}.npz",
+        tree=lambda w: R(lay.TREE, w, emb=xt_select_member(w).emb, tree=xt_select_member(w).tree) + ".npz",
     output:
-        csv=RES + "/{dataset}/xtransformer-selection.csv",
-        md=report(RES + "/{dataset}/xtransformer-selection.md", category="{dataset}", subcategory="xtransformer",
+        csv=R(lay.XT_SELECTION) + ".csv",
+        md=report(R(lay.XT_SELECTION) + ".md", category="{dataset}", subcategory="xtransformer",
                   labels={"dataset": "{dataset}", "file": "validation table (candidates x combiner)"}),
-        json=RES + "/{dataset}/xtransformer-selection.json",
-        record=RES + "/{dataset}/records/xtransformer-selection.json",
+        json=R(lay.XT_SELECTION) + ".json",
+        record=R(lay.RECORDS) + "/xtransformer-selection.json",
     log:
         "logs/xtransformer_select/{dataset}.log",
     params:
@@ -256,7 +252,7 @@ rule xtransformer_select:
 
 def xt_select_member(w):
     """The member the validation table is computed for: the full method's first indexing x encoder."""
-    return xtg.xt_members(S(w), None)[0]
+    return lay.xt_members(S(w), None)[0]
 
 
 def xt_variant(w):
@@ -267,15 +263,15 @@ rule xtransformer_ensemble:
     """Ensemble over indexings and encoders (Table 5 rows 7-9)."""
     input:
         members=lambda w: [f"{m.predict_dir(RES, w.dataset)}/predictions_test.parquet"
-                           for m in xtg.xt_members(S(w), xt_variant(w))],
-        labels=RES + "/{dataset}/ingest/labels.parquet",
+                           for m in lay.xt_members(S(w), xt_variant(w))],
+        labels=R(lay.INGEST) + "/labels.parquet",
     output:
-        predictions=RES + "/{dataset}/xtransformer/ensemble-{variant}/predictions_test.parquet",
-        record=RES + "/{dataset}/xtransformer/ensemble-{variant}/record.json",
+        predictions=R(lay.XT_ENSEMBLE) + "/predictions_test.parquet",
+        record=R(lay.XT_ENSEMBLE) + "/record.json",
     log:
         "logs/xtransformer_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": xtg.xt_spec(S(w), xt_variant(w))["ensemble"],
+        settings=lambda w: json.dumps({"method": lay.xt_spec(S(w), xt_variant(w))["ensemble"],
                                        "topk": S(w)["evaluate"]["topk"]}),
         hash=H("xtransformer_ensemble"),
     threads: 1

