@@ -70,3 +70,19 @@ def test_row_ranks_one_key_sort_equals_the_three_key_lexsort():
         rows = np.repeat(np.arange(n), np.diff(M.indptr))
         _, order, _ = io.row_ranks(M)
         assert np.array_equal(order, np.lexsort((M.indices, -M.data, rows))), trial
+
+
+def test_atomic_dir_replaces_a_folder_only_when_complete(tmp_path):
+    out = tmp_path / "model"
+    with io.atomic_dir(out) as tmp:
+        (tmp / "a.txt").write_text("1")
+    assert (out / "a.txt").read_text() == "1"
+    with pytest.raises(RuntimeError):
+        with io.atomic_dir(out) as tmp:
+            (tmp / "a.txt").write_text("half")
+            raise RuntimeError("killed half-way")
+    assert (out / "a.txt").read_text() == "1"                     # the old folder is untouched
+    with io.atomic_dir(out) as tmp:
+        (tmp / "b.txt").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]      # replaced whole, not merged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary folder left behind

@@ -36,7 +36,6 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,15 +176,11 @@ def _train_cli(args) -> None:
                     L, Xr.shape[0], Xr.shape[1], cand.nnz, cand.nnz / max(1, cand.shape[0]))
         with st.timed("train"):
             W = train(Xr, Y, cand, p, progress=st.progress("rankers (labels)", L))
-        tmp = out.parent / f".{out.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        io.save_csr(tmp / "W.npz", W)
-        io.save_arrays(tmp / "label_freq.npz", freq=np.asarray(Y.sum(axis=0)).ravel().astype(np.int64))
-        io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
-                                           "n_labels": int(L)})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        with io.atomic_dir(out) as tmp:
+            io.save_csr(tmp / "W.npz", W)
+            io.save_arrays(tmp / "label_freq.npz", freq=np.asarray(Y.sum(axis=0)).ravel().astype(np.int64))
+            io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
+                                               "n_labels": int(L)})
         st.output("model", out)
         st.extra["model_paths"] = [str(out)]
         st.metric("ranker_nnz", W.nnz)
@@ -221,15 +216,11 @@ def _calibrate_cli(args) -> None:
         F = calibration_features(h, cand.data, cand.indices, label_train_freq(args.model))
         with st.timed("fit"):
             tree = fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
-        tmp = out.parent / f".{out.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        io.save_arrays(tmp / "calibration.npz", **tree)
-        io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
-                                                 "positives": int(y.sum()),
-                                                 "features": ["ranker_margin", "elias_score", "label_train_freq"]})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        with io.atomic_dir(out) as tmp:
+            io.save_arrays(tmp / "calibration.npz", **tree)
+            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
+                                                     "positives": int(y.sum()),
+                                                     "features": ["ranker_margin", "elias_score", "label_train_freq"]})
         st.output("calibration", out)
         st.extra["model_paths"] = [str(out)]
         st.metric("n_fit_candidates", len(y))

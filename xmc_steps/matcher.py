@@ -900,10 +900,9 @@ def plot_curve(path: str | os.PathLike, curve: Mapping[int, Mapping[str, float]]
     ax.set_title(f"matcher over K = {K} clusters")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Rows without features are written without a trailing space (omikuji rejects it).
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -96,14 +95,10 @@ def main(argv: list[str] | None = None) -> None:
             threads = int(st.params.get("threads", 2))
             st.log.info("training omikuji/Parabel on %d documents, %d features, %d labels, %d threads",
                         X.shape[0], X.shape[1], Y.shape[1], threads)
-            tmp = out.with_name(f".{out.name}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            with st.timed("train"):
-                model = train(X, Y, st.params, tmp, threads)
-            model.save(str(tmp / "omikuji"))
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
+            with io.atomic_dir(out) as tmp:
+                with st.timed("train"):
+                    model = train(X, Y, st.params, tmp, threads)
+                model.save(str(tmp / "omikuji"))
             st.output("model", out)
             st.extra["model_paths"] = [str(out)]
             st.metric("train_s", st.timings["train"])

@@ -236,16 +236,8 @@ def _train_cli(args) -> None:
         out = Path(args.out)
         st.output("model", str(out))
         st.extra["model_paths"] = [str(out)]
-        # write into a temporary sibling folder, then rename: no half-written model dir
-        tmp = out.parent / f".{out.name}.tmp"
-        if tmp.exists():
-            import shutil
-            shutil.rmtree(tmp)
-        model.save(tmp)
-        if out.exists():
-            import shutil
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with io.atomic_dir(out) as tmp:
+            model.save(tmp)
         st.metric("model_nnz", sum(w.nnz for w in model.W))
         st.metric("model_bytes", model.size_bytes())
 

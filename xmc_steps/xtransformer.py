@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,13 +273,9 @@ def _train_cli(args) -> None:
                     p.negatives, p.candidates, M_hat.nnz / max(M_hat.shape[0], 1))
         with st.timed("train"):
             W = train(Xr, Y, C, M_hat, p, progress=st.progress("rankers (clusters)", C.shape[1]))
-        tmp = out.parent / f".{out.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save(tmp, W, C, p, {"n_features": int(Xr.shape[1]), "n_tfidf": int(X.shape[1]),
-                            "n_neural": 0 if emb is None else int(emb.shape[1])})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        with io.atomic_dir(out) as tmp:
+            save(tmp, W, C, p, {"n_features": int(Xr.shape[1]), "n_tfidf": int(X.shape[1]),
+                                "n_neural": 0 if emb is None else int(emb.shape[1])})
         st.output("model", out)
         st.extra["model_paths"] = [str(out)]
         st.metric("ranker_nnz", W.nnz)
@@ -397,9 +392,8 @@ def write_table(rows: list[dict[str, Any]], best: dict[str, Any], csv_path: str,
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    tmp = Path(csv_path).with_name(f".{Path(csv_path).name}.tmp")
-    df.to_csv(tmp, index=False, float_format="%.2f")
-    tmp.replace(csv_path)
+    with io.atomic_path(csv_path) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.2f")
     lines = [f"# X-Transformer prediction settings on the validation split of {dataset or 'the dataset'}", "",
              f"Rankers fit on train only ({info['n_train']} documents), scored on valid ({info['n_valid']}); "
              f"K = {info['K']} clusters over L = {info['L']} labels; top-b = {info['params']['topb']} per source; "
