@@ -54,6 +54,4 @@ rule ingest:
     shell:
         "{PY} -m xmc_steps.ingest --name {wildcards.dataset} --data-dir {DATA} "
         "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "
-        "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) "
-        "--out {params.out} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) --out {params.out} " + STAGE_ARGS

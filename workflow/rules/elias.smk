@@ -50,8 +50,7 @@ rule elias_stage1:
     shell:
         "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "--method elias --threads {threads} " + STAGE_ARGS
 
 
 rule elias_stage2:
@@ -83,8 +82,7 @@ rule elias_stage2:
     shell:
         "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
         "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "--method elias --threads {threads} " + STAGE_ARGS
 
 
 rule elias_predict:
@@ -119,10 +117,8 @@ rule elias_predict:
         "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias predict --model {params.model} --tokens {input.tokens} "
-        "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} "
-        "--phase {params.phase} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} --phase {params.phase} "
+        "--method elias --threads {threads} " + STAGE_ARGS
 
 
 def plus_params(w):
@@ -153,9 +149,7 @@ rule elias_plus_ranker:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
-        "--candidates {input.cand} --out {output.model} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "--candidates {input.cand} --out {output.model} --method elias --threads {threads} " + STAGE_ARGS
 
 
 rule elias_plus_calibrate:
@@ -182,9 +176,7 @@ rule elias_plus_calibrate:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
-        "--labels {input.Y} --candidates {input.cand} --out {output.model} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"
+        "--labels {input.Y} --candidates {input.cand} --out {output.model} --method elias " + STAGE_ARGS
 
 
 rule elias_plus_predict:
@@ -214,9 +206,7 @@ rule elias_plus_predict:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
-        "--emb {input.emb} --candidates {input.cand} --out {output.predictions} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"
+        "--emb {input.emb} --candidates {input.cand} --out {output.predictions} --method elias " + STAGE_ARGS
 
 
 def elias_variant(w):
@@ -245,5 +235,4 @@ rule elias_ensemble:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method elias --rule {rule} --config-hash {params.hash}"
+        "--out {output.predictions} --method elias " + STAGE_ARGS

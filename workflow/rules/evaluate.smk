@@ -75,6 +75,4 @@ rule evaluate:
         "{PY} -m xmc_steps.evaluate --predictions {input.predictions} --truth {input.truth} "
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
         "--effective-config {input.config} --out {output.result} --plot {output.plot} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method {wildcards.method} --rule {rule} "
-        "--config-hash {params.hash}"
+        "--method {wildcards.method} " + STAGE_ARGS

@@ -24,9 +24,7 @@ rule tfidf:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.tfidf --ingest {params.ingest} --out {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "{PY} -m xmc_steps.tfidf --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
 
 
 rule tokenize:
@@ -50,9 +48,7 @@ rule tokenize:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
 
 
 rule embed_pretrained:
@@ -77,6 +73,4 @@ rule embed_pretrained:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} " + STAGE_ARGS

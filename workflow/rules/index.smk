@@ -72,8 +72,7 @@ rule label_embedding_text:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.label_embedding --kind text-emb --label-table {input.labels} "
-        "--out {output.emb} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "--out {output.emb} " + STAGE_ARGS
 
 
 rule cluster:

@@ -34,9 +34,7 @@ rule xr_linear_train:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
-        "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "--out {output.model} --method xr-linear --threads {threads} " + STAGE_ARGS
 
 
 rule xr_linear_predict:
@@ -59,10 +57,8 @@ rule xr_linear_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} "
-        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xr-linear --rule {rule} "
-        "--config-hash {params.hash}"
+        "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} --out {output.predictions} "
+        "--method xr-linear " + STAGE_ARGS
 
 
 rule parabel_train:
@@ -85,10 +81,8 @@ rule parabel_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} "
-        "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} --out {output.model} "
+        "--method parabel --threads {threads} " + STAGE_ARGS
 
 
 rule parabel_predict:
@@ -112,8 +106,5 @@ rule parabel_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} "
-        "--label-table {input.labels} "
-        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method parabel --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} --label-table {input.labels} "
+        "--out {output.predictions} --method parabel --threads {threads} " + STAGE_ARGS

@@ -47,9 +47,7 @@ rule xtransformer_linear_train:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
-        "--out {output.model} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 rule xtransformer_linear_clusters:
@@ -75,10 +73,8 @@ rule xtransformer_linear_clusters:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear clusters --model {input.model} --features {input.X} "
-        "--out {output.clusters} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
-        "--config-hash {params.hash}"
+        "{PY} -m xmc_steps.xr_linear clusters --model {input.model} --features {input.X} --out {output.clusters} "
+        "--method xtransformer " + STAGE_ARGS
 
 
 rule matcher:
@@ -116,8 +112,7 @@ rule matcher:
     shell:
         "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --linear-clusters {input.linear} --out {params.out} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "--method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 def xt_ranker_params(w, predict=False):
@@ -175,9 +170,7 @@ rule xtransformer_ranker:
     shell:
         "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
         "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --out {output.model} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "--method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 rule xtransformer_predict:
@@ -206,9 +199,7 @@ rule xtransformer_predict:
     shell:
         "{PY} -m xmc_steps.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
         "--tfidf {input.X} --emb {input.emb} --clusters {input.clusters} --linear {input.linear} --out {output.predictions} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
-        "--config-hash {params.hash}"
+        "--method xtransformer " + STAGE_ARGS
 
 
 rule xtransformer_select:
@@ -245,9 +236,7 @@ rule xtransformer_select:
         "{PY} -m xmc_steps.xtransformer select --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
         "--clusters {input.clusters} --linear {input.linear} --matcher-model {input.matcher} --tree {input.tree} "
         "--out-csv {output.csv} --out-md {output.md} --out-json {output.json} "
-        "--params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} --threads {threads} "
-        "--config-hash {params.hash}"
+        "--method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 def xt_select_member(w):
@@ -282,6 +271,4 @@ rule xtransformer_ensemble:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --params {params.settings:q} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --method xtransformer --rule {rule} "
-        "--config-hash {params.hash}"
+        "--out {output.predictions} --method xtransformer " + STAGE_ARGS
