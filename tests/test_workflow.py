@@ -258,6 +258,9 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     for piece in ("features/tokens/", "features/tfidf/", "/matcher/", "/clusters.record.json", "/predict.record.json"):
         assert any(piece in k for k in parts), (piece, parts)
     assert full["predict_latency_ms_per_doc"] == pytest.approx(sum(parts.values()), rel=1e-6)
+    # one linear tree serves prediction (the rankers' fit, train+valid); the guard's (train) is not counted
+    assert [k for k in parts if k.endswith("/clusters.record.json")] == [
+        next(k for k in parts if "/linear-train+valid/" in k)], parts
     paper = json.loads((tmp_path / "results/toy/xtransformer-paper-candidates.json").read_text())
     assert any("ranker-tfidf+neural-tfn+man-matcher" in str(s) for s in paper["stages"])
     assert not any("ranker-tfidf+neural-tfn+man-matcher" in str(s) for s in full["stages"])

@@ -1,5 +1,6 @@
 """XR-Linear: beam search, training with TFN/MAN, save/load, CLI, and debtags (slow)."""
 
+import json
 import time
 from pathlib import Path
 
@@ -210,6 +211,14 @@ def test_cli_train_predict(tmp_path):
     assert P.shape == (100, Y.shape[1]) and np.all(np.diff(P.indptr) == 5)
     ref = XRLinearModel.load(tmp_path / "model").predict(X[200:], beam=4, topk=5)
     np.testing.assert_allclose(P.toarray(), ref.toarray(), rtol=1e-6)
+    # the tree as a matcher: its test clusters count as prediction cost only when they serve prediction
+    for online in (True, False):
+        rec = tmp_path / f"clusters_{online}.record.json"
+        xr_main(["clusters", "--model", str(tmp_path / "model"), "--features", str(tmp_path / "X2.npz"),
+                 "--out", str(tmp_path / f"clusters_{online}_test.npz"), "--record", str(rec),
+                 "--params", json.dumps({"beam": 3, "online": online}), "--no-tracking"])
+        assert ("online_ms_per_doc" in io.read_json(rec)["metrics"]) is online
+        assert np.all(np.diff(io.load_csr(tmp_path / f"clusters_{online}_test.npz").indptr) == 3)
 
 
 def _read_split(base, split, label_index):

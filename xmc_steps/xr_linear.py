@@ -271,7 +271,8 @@ def _clusters_cli(args) -> None:
     if len(args.features) != len(args.out):
         raise StageError("give as many --out files as --features")
     with stage_run("xr_linear_clusters", args, outputs=list(args.out)) as st:
-        cfg = {"beam": 10, "keep": None, "transform": None}
+        # online: the test split's clusters are part of predicting new text (its cost is latency)
+        cfg = {"beam": 10, "keep": None, "transform": None, "online": True}
         unknown = set(st.params) - set(cfg) - {"threads"}
         if unknown:
             raise StageError(f"unknown clusters parameter(s): {sorted(unknown)}")
@@ -290,7 +291,7 @@ def _clusters_cli(args) -> None:
             with st.timed("predict"):
                 S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"],
                                            keep=None if cfg["keep"] is None else int(cfg["keep"]))
-            if Path(o).stem.endswith("_test"):          # clusters_test.npz: part of predicting new text
+            if Path(o).stem.endswith("_test") and cfg["online"]:     # part of predicting new text
                 st.online_cost(time.perf_counter() - t0, X.shape[0])
             io.save_csr(o, S)
             st.output(Path(o).stem, o)

@@ -50,6 +50,15 @@ rule xtransformer_linear_train:
         "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
+def xt_clusters_params(w):
+    """The linear tree's beam; its test clusters are part of predicting new text (``online``) when
+    they feed Eq. 2 (the rankers' fit) or the matcher's head+linear scorer, not when they only
+    serve the guard: the latency then counts one linear tree, not two."""
+    m = S(w)["xtransformer"]["matcher"]
+    online = w.fit == xt_fit_name(S(w)) or m["scorer"] == "head+linear"
+    return json.dumps({"beam": m["topb"], "keep": m["topb"] * (2 if w.fit == "train" else 1), "online": online})
+
+
 rule xtransformer_linear_clusters:
     """The linear tree's beam: top-b finest clusters of every document (a matcher's output); the
     train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline."""
@@ -63,8 +72,7 @@ rule xtransformer_linear_clusters:
     log:
         "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
     params:
-        settings=lambda w: json.dumps({"beam": S(w)["xtransformer"]["matcher"]["topb"],
-                                       "keep": S(w)["xtransformer"]["matcher"]["topb"] * (2 if w.fit == "train" else 1)}),
+        settings=xt_clusters_params,
         hash=H("xtransformer_linear_clusters"),
     threads: 1
     resources:
