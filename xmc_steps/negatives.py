@@ -58,10 +58,15 @@ def man(pred_cluster_topb: sp.spmatrix) -> sp.csr_matrix:
     return binarize(pred_cluster_topb)
 
 
+def check_kind(kind: str) -> None:
+    """``ValueError`` unless ``kind`` is one of :data:`KINDS` (the methods' ``negatives`` setting)."""
+    if kind not in KINDS:
+        raise ValueError(f"negatives must be one of {KINDS}, got {kind!r}")
+
+
 def combine(kind: str, Y: sp.spmatrix, C, M_hat: sp.spmatrix | None = None) -> sp.csr_matrix:
     """Instance-to-cluster training mask for ``kind`` in ``"tfn"``, ``"man"``, ``"tfn+man"``."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown negative sampling kind {kind!r}; expected one of {KINDS}")
+    check_kind(kind)
     if kind == "tfn":
         return tfn(Y, C)
     if M_hat is None:

@@ -142,8 +142,3 @@ class Params:
     @classmethod
     def from_json(cls: type[T], s: str) -> T:
         return cls.from_dict(json.loads(s))
-
-    def pick(self, target: type) -> dict[str, Any]:
-        """The fields this object shares with the dataclass ``target`` (e.g. the ranker's)."""
-        names = {f.name for f in fields(target)}
-        return {k: v for k, v in asdict(self).items() if k in names}  # type: ignore[call-overload]

@@ -48,8 +48,7 @@ import scipy.sparse as sp
 
 from . import io
 from .cluster_tree import ClusterTree
-from .negatives import KINDS as NEGATIVE_KINDS
-from .negatives import binarize, combine
+from .negatives import binarize, check_kind, combine
 from .params import Params
 from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
 from .search import PREDICT_BATCH, TRANSFORMS, beam_search, expand_children, linear_scorer, topk_per_row
@@ -72,8 +71,7 @@ class XRLinearParams(Params):
     solver: RankerParams = field(default_factory=RankerParams)
 
     def __post_init__(self) -> None:
-        if self.negatives not in NEGATIVE_KINDS:
-            raise ValueError(f"negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
+        check_kind(self.negatives)
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {self.beam}")
         if self.transform not in TRANSFORMS:

@@ -76,8 +76,7 @@ import scipy.sparse as sp
 
 from . import io
 from .cluster_tree import ClusterTree
-from .negatives import KINDS as NEGATIVE_KINDS
-from .negatives import binarize, combine
+from .negatives import binarize, check_kind, combine
 from .params import Params
 from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
 from .search import SCORE_FLOOR, TRANSFORMS, expand_children, masked_product, matcher_scores, topk_per_row, transform
@@ -109,8 +108,7 @@ class XTransformerRankerParams(Params):
     def __post_init__(self) -> None:
         if self.ranker_input not in RANKER_INPUTS:
             raise ValueError(f"ranker_input must be one of {RANKER_INPUTS}, got {self.ranker_input!r}")
-        if self.negatives not in NEGATIVE_KINDS:
-            raise ValueError(f"negatives must be one of {NEGATIVE_KINDS}, got {self.negatives!r}")
+        check_kind(self.negatives)
         if self.combiner not in COMBINERS:
             raise ValueError(f"combiner must be one of {COMBINERS}, got {self.combiner!r}")
         if self.candidates not in CANDIDATES:
