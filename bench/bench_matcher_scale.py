@@ -46,8 +46,9 @@ BEFORE = {"steps": 600, "warmup_steps": 60, "lr": 1e-4, "lr_head": 1e-3, "head_i
 
 
 def configs(names: list[str], overrides: dict) -> dict[str, dict]:
-    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["xtransformer"]["matcher"]
-    keep = {f for f in matcher.MatcherParams.__dataclass_fields__}
+    cfg = dict(yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["xtransformer"]["matcher"])
+    cfg.update(cfg.pop("train", {}))        # flat here; MatcherParams.upgrade nests the training keys again
+    keep = set(matcher.MatcherParams.__dataclass_fields__) | set(matcher.TRAIN_MOVED)
     defaults = {k: v for k, v in cfg.items() if k in keep and k not in ("checkpoint_every", "eval_every", "device",
                                                                          "allow_cpu_fallback", "allow_weak")}
     table = {"before": {**defaults, **BEFORE, "epochs": 1.0},
@@ -129,10 +130,10 @@ def main() -> None:
         print(f"## K = {K} (leaf size {leaf}, tree {tree.level_sizes}); linear tree's valid beam in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         for name, c in cfgs.items():
-            p = matcher.MatcherParams.from_dict({**c, "encoder": args.encoder, "device": str(device),
-                                                 "eval_max_docs": args.eval_docs, "checkpoint_every": 0,
-                                                 "log_every": 50})
-            steps, _ = p.schedule(len(tok["train"]))
+            p = matcher.MatcherParams.from_dict(matcher.MatcherParams.upgrade(
+                {**c, "encoder": args.encoder, "device": str(device), "eval_max_docs": args.eval_docs,
+                 "checkpoint_every": 0, "log_every": 50}))
+            steps = p.train.resolved(len(tok["train"])).steps
             p.eval_every = max(1, steps // args.evals)
             curve = {}
 
@@ -149,7 +150,7 @@ def main() -> None:
             g, head = matcher.finish_matcher(model, embs["train"], M["train"], embs["valid"], M["valid"], p, device,
                                              lin_valid)
             run = {"K": K, "leaf_size": leaf, "config": name, "params": {k: c[k] for k in sorted(c)}, "steps": steps,
-                   "epochs": steps * p.batch_size * p.grad_accum / len(tok["train"]), "train_s": round(wall, 1),
+                   "epochs": steps * p.train.batch_size * p.train.grad_accum / len(tok["train"]), "train_s": round(wall, 1),
                    "seq_per_s": round(trainer.throughput, 1), "curve": curve, "head": head, **g.to_dict()}
             report["runs"].append(run)
             print(f"K={K:5d} {name:9s} {steps:6d} steps ({run['epochs']:.2f} ep) {wall:7.1f} s  "

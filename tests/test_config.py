@@ -54,6 +54,22 @@ def test_a_moved_key_names_its_new_place(tmp_path):
         in str(e.value)
 
 
+def test_moved_training_keys_name_their_new_place(tmp_path):
+    """The neural training recipe moved into nested ``train`` sections; where a stage runs moved
+    out of ELIAS's ``train``."""
+    def old(c):
+        c["defaults"]["xtransformer"]["matcher"]["epochs"] = 2.0
+        c["defaults"]["elias"]["stage2"]["batch_size"] = 64
+        c["datasets"].update(toy={"elias": {"train": {"device": "cpu"}}})
+    with pytest.raises(config.ConfigError) as e:
+        config.load(_write(tmp_path, old))
+    msg = str(e.value)
+    assert "key 'defaults.xtransformer.matcher.epochs' has moved: write it as " \
+           "'defaults.xtransformer.matcher.train.epochs'" in msg
+    assert "'defaults.elias.stage2.batch_size' has moved: write it as 'defaults.elias.stage2.train.batch_size'" in msg
+    assert "'datasets.toy.elias.train.device' has moved: write it as 'datasets.toy.elias.device'" in msg
+
+
 def test_encoders_are_named_by_key(tmp_path):
     """Methods name encoders by a key of ``encoders``; an old config naming the encoder itself is
     told what to write, and an unknown key is named with the known ones."""

@@ -39,9 +39,9 @@ def test_auto_without_gpu_fails_naming_the_key_and_cuda_visible_devices(no_gpu, 
 def test_error_names_the_rule_and_its_config_key(no_gpu, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(StageError) as e:
-        require_device("auto", False, config_key="elias.train.allow_cpu_fallback", rule="elias_stage1")
+        require_device("auto", False, config_key="elias.allow_cpu_fallback", rule="elias_stage1")
     msg = str(e.value)
-    assert "elias.train.allow_cpu_fallback: true" in msg and "'elias_stage1'" in msg
+    assert "elias.allow_cpu_fallback: true" in msg and "'elias_stage1'" in msg
     assert "CUDA_VISIBLE_DEVICES=unset" in msg
 
 

@@ -11,11 +11,17 @@ from xmc_steps import elias, io, neural
 from xmc_steps.elias import train as elias_train
 from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
+from xmc_steps.trainer import TrainParams
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     return make_tiny_encoder(tmp_path_factory.mktemp("tiny_e") / "bert")
+
+
+def _train(**kw) -> TrainParams:
+    """An ELIAS training recipe (no default learning rate: each group has its own)."""
+    return TrainParams(lr=None, **kw)
 
 
 def _index_model(C, L, kappa, index, value=None, Wc=None, **kw):
@@ -180,11 +186,16 @@ def test_forward_is_never_dense_over_labels():
 def test_params_defaults_and_unknown_keys():
     with pytest.raises(ValueError, match="unknown"):
         elias.EliasParams.from_dict({"lambda": 0.1})
-    p1 = elias.EliasParams.from_dict({"batch_size": 10}).resolved(1, n_train=100, n_labels=1000, n_clusters=10)
+    with pytest.raises(ValueError, match="batch_size is now train.batch_size"):
+        elias.EliasParams.from_dict({"batch_size": 10})
+    with pytest.raises(ValueError, match="lr_encoder, lr_clf, lr_A"):
+        elias.EliasParams.from_dict({"train": {"lr": 0.1}})
+    p1 = elias.EliasParams.from_dict({"train": {"batch_size": 10}}).resolved(1, n_train=100, n_labels=1000, n_clusters=10)
     assert (p1.alpha, p1.beta, p1.b, p1.K, p1.kappa, p1.lambda_) == (10.0, 100.0, 10, 1000, 1000, 0.0)
-    assert p1.steps == 150 and p1.lr_clf == 1e-2 and p1.lr_encoder == 1e-4
-    p2 = elias.EliasParams(steps=7, lr_A=0.1).resolved(2, 100, 100_000, 1000)
-    assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 20, 2000)
+    assert p1.train.steps == 150 and p1.lr_clf == 1e-2 and p1.lr_encoder == 1e-4   # 15 epochs of 100 at batch 10
+    assert p1.train.warmup_steps == 100 and p1.train.checkpoint_every == 500         # the ELIAS defaults kept
+    p2 = elias.EliasParams(train=TrainParams(steps=7, lr=None), lr_A=0.1).resolved(2, 100, 100_000, 1000)
+    assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.train.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 20, 2000)
     q = elias.EliasParams.from_dict(json.loads(json.dumps(p2.to_dict())))
     assert q == p2
 
@@ -194,8 +205,8 @@ def test_wl_delay_and_swa(tiny, tmp_path):
     ids, lengths, cls = toy_tokens(16, 12, 2)
     Y = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls * 2])
     tokens = neural.TokenData(ids, lengths)
-    p = elias.EliasParams(encoder=tiny, steps=3, batch_size=8, warmup_steps=0, wl_delay_steps=2, swa_epochs=0.5,
-                          eval_every=0, checkpoint_every=0, device="cpu").resolved(1, 16, 4, 2)
+    p = elias.EliasParams(encoder=tiny, train=_train(steps=3, batch_size=8, warmup_steps=0, checkpoint_every=0),
+                          wl_delay_steps=2, swa_epochs=0.5, eval_every=0, device="cpu").resolved(1, 16, 4, 2)
     index, value = elias.adjacency_from_assignment(np.array([0, 0, 1, 1]), 2)
     m = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
     m.set_adjacency(index, value)
@@ -208,7 +219,7 @@ def test_wl_delay_and_swa(tiny, tmp_path):
             assert torch.equal(m.wl, wl0)  # frozen for the first 2 steps
             assert not torch.equal(m.Wc, wc0)
 
-    p = elias.EliasParams(**{**p.to_dict(), "log_every": 1})
+    p = elias.EliasParams.from_dict({**p.to_dict(), "train": {**p.train.to_dict(), "log_every": 1}})
     tr = elias.train_elias(m, tokens, Y, p, tmp_path / "ck", on_step=on_step)
     assert tr.step == 3 and set(seen) == {1, 2, 3}
     assert {"loss", "loss_c", "loss_s"} <= set(seen[1])
@@ -231,8 +242,9 @@ def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypat
     ids, lengths, cls = toy_tokens(16, 12, 2)
     L = 16
     Y = sp.csr_matrix(np.eye(L, dtype=np.float32)[cls * 2])            # labels 0 and 2 only (cluster 0)
-    p = elias.EliasParams(encoder=tiny, steps=3, batch_size=8, warmup_steps=0, eval_every=0, checkpoint_every=0,
-                          device="cpu", lr_clf=0.5, weight_decay=0.1, b=1, K=4, wl_decay=mode).resolved(1, 16, L, 4)
+    p = elias.EliasParams(encoder=tiny, train=_train(steps=3, batch_size=8, warmup_steps=0, checkpoint_every=0,
+                                                     weight_decay=0.1),
+                          eval_every=0, device="cpu", lr_clf=0.5, b=1, K=4, wl_decay=mode).resolved(1, 16, L, 4)
     index, value = elias.adjacency_from_assignment(np.arange(L) // 4, 4)
     m = elias.build_model(p, 4, L, index.shape[1], fixed_edges=True)
     m.set_adjacency(index, value)
@@ -277,8 +289,8 @@ def _write_toy(tmp_path, n_train=96, n_valid=32, width=12):
 def test_cli_stage1_stage2_predict(tiny, tmp_path):
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     d = _write_toy(tmp_path)
-    common = {"encoder": tiny, "batch_size": 16, "warmup_steps": 5, "b": 1, "K": 4, "alpha": 2.0, "eval_every": 40,
-              "log_every": 10, "checkpoint_every": 30, "device": "cpu", "seed": 0, "threads": 1}
+    common = {"encoder": tiny, "b": 1, "K": 4, "alpha": 2.0, "eval_every": 40, "device": "cpu", "threads": 1}
+    recipe = {"batch_size": 16, "warmup_steps": 5, "log_every": 10, "checkpoint_every": 30, "seed": 0, "steps": 80}
 
     def train(stage, out, params, extra):
         argv = ["train", "--stage", str(stage), "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
@@ -288,8 +300,8 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
         return io.read_json(out / "record.json")
 
     o1, o2 = tmp_path / "s1", tmp_path / "s2"
-    r1 = train(1, o1, {**common, "steps": 80, "lr_encoder": 2e-3, "lr_clf": 3e-2}, ["--tree", str(d / "tree.npz")])
-    r2 = train(2, o2, {**common, "steps": 80, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
+    r1 = train(1, o1, {**common, "train": recipe, "lr_encoder": 2e-3, "lr_clf": 3e-2}, ["--tree", str(d / "tree.npz")])
+    r2 = train(2, o2, {**common, "train": recipe, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
                ["--init", str(o1)])
     for o in (o1, o2):
         assert (o / "model.safetensors").is_file() and (o / "elias.json").is_file() and not (o / "checkpoints").exists()
@@ -325,7 +337,7 @@ def test_cli_rejects_bad_inputs(tiny, tmp_path, capsys):
     d = _write_toy(tmp_path, n_train=8, n_valid=4)
     argv = ["train", "--stage", "2", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
             "--labels-valid", str(d / "Y_valid.npz"), "--out", str(tmp_path / "o"), "--params",
-            json.dumps({"encoder": tiny, "steps": 1}), "--no-tracking"]
+            json.dumps({"encoder": tiny, "train": {"steps": 1}}), "--no-tracking"]
     assert cli_main(elias.main, argv) == 2
     assert "--init" in capsys.readouterr().err
     argv[2] = "1"

@@ -6,7 +6,8 @@ import scipy.sparse as sp
 import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import encoders, io, matcher, neural
+from xmc_steps import encoders, io, matcher, neural, trainer
+from xmc_steps.trainer import TrainParams
 from xmc_steps.stage import cli_main
 
 
@@ -67,13 +68,14 @@ def _args(d, out, params):
 def test_matcher_cli_end_to_end(tiny, tmp_path):
     d = _write_toy(tmp_path, tiny)
     out = tmp_path / "out"
-    params = {"encoder": tiny, "max_length": 16, "steps": 4, "batch_size": 8, "lr": 1e-3, "lr_head": 1e-2,
-              "warmup_steps": 1, "topb": 2, "checkpoint_every": 2, "eval_every": 2, "log_every": 1,
-              "device": "cpu", "seed": 0, "threads": 1, "allow_weak": True}   # 4 steps learn little
+    params = {"encoder": tiny, "max_length": 16, "lr_head": 1e-2, "topb": 2, "eval_every": 2, "device": "cpu",
+              "threads": 1, "allow_weak": True,   # 4 steps learn little
+              "train": {"steps": 4, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1, "checkpoint_every": 2,
+                        "log_every": 1, "seed": 0}}
     matcher.main(_args(d, out, params))
     meta = io.read_json(out / "matcher.json")
     assert meta["K"] == 3 and meta["dim"] == 32 and meta["pooling"] == "cls" and meta["encoder"] == tiny
-    assert meta["params"]["steps"] == 4
+    assert meta["params"]["train"]["steps"] == 4 and meta["params"]["train"]["length_bucket"] == 50
     for s, n in (("train", 24), ("valid", 8), ("test", 8)):
         emb = io.load_arrays(out / f"emb_{s}.npz")["emb"]
         assert emb.shape == (n, 32) and emb.dtype == np.float32
@@ -96,9 +98,9 @@ def test_guard_failure_keeps_the_validation_curve_for_the_rerun(tiny, tmp_path):
     allow_weak rerun (no training again) writes that curve into guard.json."""
     d = _write_toy(tmp_path, tiny)
     out = tmp_path / "out"
-    params = {"encoder": tiny, "max_length": 16, "steps": 4, "batch_size": 8, "lr": 1e-12, "lr_head": 1e-12,
-              "head_init": "random", "head_refit": False, "warmup_steps": 1, "topb": 1, "checkpoint_every": 2,
-              "eval_every": 2, "device": "cpu", "seed": 0, "threads": 1, "allow_weak": False}
+    params = {"encoder": tiny, "max_length": 16, "lr_head": 1e-12, "head_init": "random", "head_refit": False,
+              "topb": 1, "eval_every": 2, "device": "cpu", "threads": 1, "allow_weak": False,
+              "train": {"steps": 4, "batch_size": 8, "lr": 1e-12, "warmup_steps": 1, "checkpoint_every": 2, "seed": 0}}
     # a baseline that cannot be beaten: the true clusters of every validation document
     M_valid = (io.load_csr(d / "Y_valid.npz") @ io.load_csr(d / "C.npz")).tocsr()
     M_valid.data[:] = 1.0
@@ -120,7 +122,7 @@ def test_guard_failure_keeps_the_validation_curve_for_the_rerun(tiny, tmp_path):
 ])
 def test_matcher_cli_errors_before_training(tiny, tmp_path, capsys, case, message):
     d = _write_toy(tmp_path, tiny)
-    params = {"encoder": tiny, "steps": 2, "batch_size": 8, "device": "cpu"}
+    params = {"encoder": tiny, "train": {"steps": 2, "batch_size": 8}, "device": "cpu"}
     if case == "k1":
         io.save_csr(d / "C.npz", sp.csr_matrix(np.ones((6, 1), np.float32)))
     elif case == "k_gt_l":
@@ -144,8 +146,9 @@ def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
     ids, lengths, cls = toy_tokens(160, 16, 4, seed=1)
     tr, va = slice(0, 120), slice(120, 160)
     M = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls])
-    params = {"encoder": tiny, "steps": 60, "batch_size": 16, "lr": 3e-3, "lr_head": 3e-2, "warmup_steps": 5,
-              "eval_every": 30, "log_every": 10, "checkpoint_every": 0, "device": "cpu", "seed": 0}
+    params = {"encoder": tiny, "lr_head": 3e-2, "eval_every": 30, "device": "cpu",
+              "train": {"steps": 60, "batch_size": 16, "lr": 3e-3, "warmup_steps": 5, "log_every": 10,
+                        "checkpoint_every": 0, "seed": 0}}
     curve = {}
 
     def on_step(step, logs):
@@ -266,8 +269,8 @@ def test_matcher_cli_scorer_head_linear(tiny, tmp_path, capsys):
         M.data[:] = 0.5
         io.save_csr(d / f"lin_{s}.npz", M)
     lin = ["--linear-clusters"] + [str(d / f"lin_{s}.npz") for s in ("train", "valid", "test")]
-    params = {"encoder": tiny, "max_length": 16, "steps": 2, "batch_size": 8, "warmup_steps": 1, "topb": 2,
-              "device": "cpu", "seed": 0, "threads": 1, "allow_weak": True, "scorer": "head+linear"}
+    params = {"encoder": tiny, "max_length": 16, "topb": 2, "device": "cpu", "threads": 1, "allow_weak": True,
+              "scorer": "head+linear", "train": {"steps": 2, "batch_size": 8, "warmup_steps": 1, "seed": 0}}
     out = tmp_path / "out"
     assert cli_main(matcher.main, _args(d, out, params) + ["--baseline-clusters", str(d / "lin_valid.npz")]) == 2
     assert "every split" in capsys.readouterr().err
@@ -297,16 +300,21 @@ def test_linear_head_solves_the_least_squares_of_eq3():
 
 
 def test_schedule_from_epochs_or_steps():
-    p = matcher.MatcherParams(epochs=2.0, batch_size=32, warmup=0.1)
-    assert p.schedule(1000) == (63, 6)            # ceil(2 * 1000 / 32) steps, 10 % warm-up
-    p = matcher.MatcherParams(epochs=2.0, batch_size=16, grad_accum=2, warmup=0.1)
-    assert p.schedule(1000)[0] == 63
-    p = matcher.MatcherParams(steps=100, warmup_steps=7)
-    assert p.schedule(10 ** 6) == (100, 7)
+    def schedule(train, n):
+        t = matcher.MatcherParams.from_dict({"train": train}).train.resolved(n)
+        return t.steps, t.warmup_steps
+
+    assert schedule({"epochs": 2.0, "batch_size": 32, "warmup": 0.1}, 1000) == (63, 6)   # ceil(2 * 1000 / 32), 10 %
+    assert schedule({"epochs": 2.0, "batch_size": 16, "grad_accum": 2}, 1000) == (63, 6)   # the matcher's warm-up kept
+    assert schedule({"steps": 100, "warmup_steps": 7}, 10 ** 6) == (100, 7)
     with pytest.raises(ValueError, match="warmup"):
-        matcher.MatcherParams(warmup=1.5)
+        matcher.MatcherParams.from_dict({"train": {"warmup": 1.5}})
+    with pytest.raises(ValueError, match="epochs is now train.epochs"):
+        matcher.MatcherParams.from_dict({"epochs": 2.0})
     with pytest.raises(ValueError, match="head_init"):
         matcher.MatcherParams(head_init="zeros")
+    with pytest.raises(ValueError, match="resolved"):     # the Trainer takes step counts, not epochs
+        trainer.Trainer(torch.nn.Linear(2, 1), [], matcher.MatcherParams().train, None)
 
 
 def test_topb_from_emb_and_head_refit_keeps_the_better_head(tiny):
@@ -355,8 +363,9 @@ def test_matcher_learns_at_a_thousand_clusters(tiny):
     prior = matcher.cluster_recall(matcher.frequency_topb(M[tr], 500, 10), M[va])
     recall = {}
     for name, cfg in (("default", {"head_init": "linear"}), ("random", {"head_init": "random", "lr_head": 1e-2})):
-        p = matcher.MatcherParams(encoder=tiny, pooling="mean", steps=100, batch_size=32, lr=1e-3, device="cpu",
-                                  eval_every=0, checkpoint_every=0, **cfg)
+        p = matcher.MatcherParams(encoder=tiny, pooling="mean", device="cpu", eval_every=0, **cfg,
+                                  train=TrainParams(steps=100, batch_size=32, lr=1e-3, warmup=0.1, checkpoint_every=0,
+                                                    length_bucket=50))
         model, _ = matcher.train_matcher(T, M[tr], p, None)
         top, _ = matcher.predict_clusters(model, V, 10, device="cpu", progress=None)
         recall[name] = matcher.cluster_recall(top, M[va])

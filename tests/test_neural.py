@@ -33,13 +33,21 @@ def test_device_and_autocast_on_cpu():
         x = torch.ones(2, 2) @ torch.ones(2, 2)
     assert x.dtype == torch.float32
     with pytest.raises(ValueError):
-        trainer.TrainParams(amp="fp8")
+        trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 0.1)}),
+                        trainer.TrainParams(steps=1, warmup_steps=0), None, amp="fp8")
 
 
 def test_train_params_json_roundtrip():
-    p = trainer.TrainParams(steps=7, batch_size=3, grad_accum=2, lr=1e-4, warmup_steps=2, seed=5, amp="off")
+    p = trainer.TrainParams(steps=7, batch_size=3, grad_accum=2, lr=1e-4, warmup_steps=2, seed=5)
     q = trainer.TrainParams.from_dict(json.loads(json.dumps(p.to_dict())))
-    assert q == p
+    assert q == p and q.is_resolved and q.resolved(10 ** 6) == p     # fixed counts stay as they are
+    e = trainer.TrainParams(epochs=1.5, batch_size=4, grad_accum=2, warmup=0.25)
+    assert not e.is_resolved
+    r = e.resolved(100)
+    assert (r.steps, r.warmup_steps) == (19, 5)                     # ceil(1.5 * 100 / 8), round(0.25 * 19)
+    assert trainer.TrainParams(epochs=1.0).resolved(10).warmup_steps == 0   # neither warm-up key: none
+    with pytest.raises(ValueError, match="epochs or steps"):
+        trainer.TrainParams().resolved(10)
     with pytest.raises(ValueError, match="unknown"):
         trainer.TrainParams.from_dict({"stepz": 3})
 
@@ -55,9 +63,9 @@ def test_lr_schedule_warmup_then_linear_decay():
     # the trainer applies it: the lr used at step t (1-based) is lr * lr_factor(t - 1)
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    params = trainer.TrainParams(steps=12, batch_size=4, lr=0.1, warmup_steps=4, log_every=1, device="cpu")
+    params = trainer.TrainParams(steps=12, batch_size=4, lr=0.1, warmup_steps=4, log_every=1)
     seen = {}
-    tr = trainer.Trainer(model, trainer.param_groups({"all": (model, 0.1)}), params, None,
+    tr = trainer.Trainer(model, trainer.param_groups({"all": (model, 0.1)}), params, None, device="cpu",
                         on_step=lambda s, logs: seen.__setitem__(s, logs["lr_all"]))
     X = torch.randn(10, 3)
     tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 10, lambda idx: X[idx])
@@ -135,8 +143,8 @@ def _fit(ckpt, on_step=None, steps=10):
     net = _Net()
     X, y = torch.randn(23, 6, generator=torch.Generator().manual_seed(1)), torch.randn(23, 1)
     p = trainer.TrainParams(steps=steps, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, checkpoint_every=100,
-                           log_every=1, device="cpu", seed=3)
-    tr = trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step)
+                           log_every=1, seed=3)
+    tr = trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step, device="cpu")
 
     def loss_fn(m, b):
         err = m(b[0]) - b[1]
@@ -174,13 +182,13 @@ def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
     torch.manual_seed(0)
     net = nn.Linear(2, 1)
     X = torch.randn(8, 2)
-    p = trainer.TrainParams(steps=7, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
-    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, tmp_path)
+    p = trainer.TrainParams(steps=7, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2)
+    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, tmp_path, device="cpu")
     tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 8, lambda i: X[i])
     assert [s for s, _ in trainer.list_checkpoints(tmp_path)] == [6, 7]
     assert not list(tmp_path.glob(".tmp-*"))
-    p2 = trainer.TrainParams(steps=9, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, device="cpu")
-    tr2 = trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), p2, tmp_path)
+    p2 = trainer.TrainParams(steps=9, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2)
+    tr2 = trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), p2, tmp_path, device="cpu")
     assert tr2.resumed_from is None and tr2.step == 0
     assert trainer.list_checkpoints(tmp_path) == []  # set aside, with a warning
 

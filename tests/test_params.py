@@ -74,7 +74,8 @@ def test_every_stage_parameter_class_shares_the_shape(cls):
 
 def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
     assert EliasParams.from_dict({"lr_clf": "1e-2", "K": "2000", "wl_bias": "true"}).lr_clf == 1e-2
-    assert MatcherParams.from_dict({"steps": 600.0, "allow_weak": "no"}).allow_weak is False
+    m = MatcherParams.from_dict({"train": {"steps": 600.0}, "allow_weak": "no"})
+    assert m.allow_weak is False and m.train.steps == 600
     assert RankerParams.from_dict({"C": "2", "max_iter": "50"}) == RankerParams(C=2.0, max_iter=50)
     with pytest.raises(ValueError, match="ranker solver parameter max_iter must be an integer"):
         RankerParams.from_dict({"max_iter": "many"})

@@ -181,8 +181,8 @@ NEURAL_TINY = {
         "cluster": {"branching": 2, "leaf_size": 2},
         "embed": {"max_length": 16, "batch_size": 64},
         # 4 steps learn little: allow_weak lets the plumbing run (the guard has its own test)
-        "matcher": {"max_length": 16, "steps": 4, "batch_size": 8, "warmup_steps": 1, "topb": 2,
-                    "checkpoint_every": 2, "eval_every": 0, "allow_weak": True},
+        "matcher": {"max_length": 16, "topb": 2, "eval_every": 0, "allow_weak": True,
+                    "train": {"steps": 4, "batch_size": 8, "warmup_steps": 1, "checkpoint_every": 2}},
         "variants": {"tfidf-tfn": {"ranker_input": "tfidf", "negatives": "tfn"},
                      "ens": {"indexing": ["pifa-tfidf", "pifa-neural"]}},
     },
@@ -190,9 +190,10 @@ NEURAL_TINY = {
         "max_length": 16,
         "cluster": {"branching": 2, "leaf_size": 2},
         "index": {"b": 2, "K": 8},
-        "stage1": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
-        "stage2": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
-        "train": {"checkpoint_every": 2, "eval_every": 0},
+        "stage1": {"train": {"steps": 3, "batch_size": 8, "warmup_steps": 1}},
+        "stage2": {"train": {"steps": 3, "batch_size": 8, "warmup_steps": 1}},
+        "train": {"checkpoint_every": 2},
+        "eval_every": 0,
         "ensemble_seeds": [0, 1],
     },
 }
@@ -282,7 +283,8 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(neural_toy_run, tmp_
     (tmp_path / "results" / "toy" / "xtransformer.json").unlink()
     tiny = {k: v for k, v in NEURAL_TINY.items() if k == "xtransformer"}
     tiny = json.loads(json.dumps(tiny))
-    tiny["xtransformer"]["matcher"].update(allow_weak=False, lr=1e-12, lr_head=1e-12, head_init="random", steps=2)
+    tiny["xtransformer"]["matcher"].update(allow_weak=False, lr_head=1e-12, head_init="random")
+    tiny["xtransformer"]["matcher"]["train"].update(lr=1e-12, steps=2)
     # the same data folder as the neural run: a different path to the inputs would rerun everything
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}},
             "data_dir": str(neural_toy_run / "data")}

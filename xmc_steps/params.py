@@ -5,7 +5,9 @@ them, so a typo in ``config.yaml`` or ``--params`` never passes silently.  ``fro
 converts each value to its field's annotated type (:func:`convert`): ``int``, ``float``,
 ``str``, ``bool``, ``X | None``, ``list[X]``/``tuple[X, ...]`` and nested :class:`Params`
 (from a mapping, recursively), so ``"1e-4"`` (a string to YAML 1.1) is a float where a float
-is declared and a mistyped value is an error naming the parameter.
+is declared and a mistyped value is an error naming the parameter.  A mapping for a field
+whose default is a parameter object changes only the keys it names; the others keep that
+default (``train: {epochs: 5}`` keeps the matcher's own warm-up and learning rate).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar, Mapping, TypeVar
 
 T = TypeVar("T", bound="Params")
@@ -124,6 +126,12 @@ class Params:
         d = dict(d or {})
         cls.check_keys(d)
         hints = typing.get_type_hints(cls)
+        for f in fields(cls):  # type: ignore[arg-type]
+            # a nested section names only what it changes: the rest is the field's own default
+            if f.name in d and isinstance(d[f.name], Mapping) and f.default_factory is not MISSING:
+                base = f.default_factory()
+                if isinstance(base, Params):
+                    d[f.name] = {**base.to_dict(), **d[f.name]}
         return cls(**{k: convert(v, hints[k], f"{cls._what} {k}") for k, v in d.items()})
 
     @classmethod

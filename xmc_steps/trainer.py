@@ -81,38 +81,73 @@ _default_log = logging.getLogger("xmc.trainer")
 
 @dataclass
 class TrainParams(Params):
-    steps: int = 1000             # total optimisation steps
+    """The training recipe every neural stage composes (``matcher.train``, ``elias.stageN.train``).
+
+    Length: ``epochs`` (passes over the training data) or ``steps`` (fixes the count and
+    overrides ``epochs``); warm-up: ``warmup`` (a fraction of the steps) or ``warmup_steps``
+    (overrides ``warmup``).  :meth:`resolved` turns both into step counts for ``N`` training
+    examples; the :class:`Trainer` takes only resolved parameters.  ``lr`` is the learning
+    rate of the parameter groups that do not carry their own (``None``: every group must).
+    Where the run happens (device, autocast) is the stage's setting, shared with its
+    inference, and is given to the :class:`Trainer` beside these.
+    """
+
+    epochs: float | None = None   # passes over the training data: steps = ceil(epochs N / (batch_size grad_accum))
+    steps: int | None = None      # total optimisation steps (overrides epochs)
     batch_size: int = 32          # sequences per micro-batch
     grad_accum: int = 1           # micro-batches per optimisation step
-    lr: float = 5e-5              # default learning rate (groups may carry their own)
-    warmup_steps: int = 100
+    lr: float | None = 5e-5       # learning rate of the groups without their own
+    warmup: float | None = None   # warm-up as a fraction of the steps ...
+    warmup_steps: int | None = None  # ... or in steps (overrides warmup); neither: no warm-up
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0    # <= 0: no clipping
     checkpoint_every: int = 500   # steps; <= 0: only at the end and on SIGTERM
     log_every: int = 10
     seed: int = 0
-    amp: str = "auto"             # auto | bf16 | fp16 | off (CPU: always off)
-    device: str = "auto"          # auto | cpu | cuda | cuda:N
     length_bucket: int = 0        # > 0: batches of similar lengths from windows of this many batches (Trainer)
 
     def __post_init__(self) -> None:
-        for f in ("steps", "batch_size", "grad_accum", "log_every"):
+        for f in ("batch_size", "grad_accum", "log_every"):
             if int(getattr(self, f)) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.warmup_steps < 0:
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if self.warmup is not None and not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.length_bucket < 0:
             raise ValueError(f"length_bucket must be >= 0, got {self.length_bucket}")
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        check_amp(self.amp)
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     _what = "training parameter"
-
 
     # fields that change the training trajectory (a checkpoint under other values is not resumed)
     TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",
                   "length_bucket")
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.steps is not None and self.warmup_steps is not None
+
+    def resolved(self, n_train: int) -> "TrainParams":
+        """A copy with ``steps`` and ``warmup_steps`` fixed for ``n_train`` training examples:
+        ``steps = ceil(epochs * n_train / (batch_size * grad_accum))`` unless ``steps`` is set,
+        ``warmup_steps = round(warmup * steps)`` unless it is set (capped at ``steps``)."""
+        if self.steps is None and self.epochs is None:
+            raise ValueError("set epochs or steps (the training length)")
+        steps = self.steps
+        if steps is None:
+            steps = max(1, math.ceil(self.epochs * max(int(n_train), 1) / (self.batch_size * self.grad_accum)))
+        warm = self.warmup_steps
+        if warm is None:
+            warm = int(round((self.warmup or 0.0) * steps))
+        return TrainParams(**{**self.to_dict(), "steps": int(steps), "warmup_steps": int(min(warm, steps))})
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -264,7 +299,8 @@ class Trainer:
     """The training loop shared by the neural methods (see the module docstring).
 
     ``groups`` are AdamW parameter groups (from :func:`param_groups`; a group without
-    ``lr`` uses ``params.lr``).  ``on_step(step, logs)`` is called every
+    ``lr`` uses ``params.lr``).  ``params`` must be resolved (:meth:`TrainParams.resolved`);
+    ``device`` and ``amp`` say where and in which precision the steps run.  ``on_step(step, logs)`` is called every
     ``log_every`` steps (and after the last) with ``loss`` (mean over the step's
     micro-batches), the loss function's own floats (averaged likewise), ``lr_<group>``,
     ``grad_norm`` (before clipping) and ``seq_per_s``; ``on_checkpoint(step, folder)``
@@ -278,7 +314,10 @@ class Trainer:
                  on_step: Callable[[int, dict[str, float]], Any] | None = None,
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
                  fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
-                 lengths: np.ndarray | None = None):
+                 lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto"):
+        if not params.is_resolved:
+            raise ValueError("the Trainer takes resolved training parameters (TrainParams.resolved(n_train))")
+        check_amp(amp)
         self.model, self.params = model, params
         self.lengths = None if lengths is None else np.asarray(lengths)
         self.log = log or _default_log
@@ -286,14 +325,16 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.fingerprint = json.loads(json.dumps(dict(fingerprint or {}), default=str))
         self.keep = max(1, int(keep))
-        self.device = resolve_device(params.device)
-        self.amp = params.amp
+        self.device = resolve_device(device)
+        self.amp = amp
         self.model.to(self.device)
         for j, g in enumerate(groups):
+            if "lr" not in g and params.lr is None:
+                raise ValueError(f"parameter group {g.get('name', j)!r} has no lr and the training parameters set none")
             g.setdefault("lr", params.lr)
             g.setdefault("name", f"group{j}")
         self.group_names = [g.get("group", g["name"]) for g in groups]
-        self.optimizer = torch.optim.AdamW(groups, lr=params.lr, weight_decay=params.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=params.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LinearWarmupDecay(params.warmup_steps, params.steps))
         self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, self.amp))
         self.step = 0            # optimisation steps done

@@ -8,10 +8,11 @@ def elias_params(stage):
     def f(w):
         s = S(w)
         el = s["elias"]
-        p = {"encoder": ENC(w), "max_length": int(w.maxlen)}
-        p.update(el["train"])
-        p.update({k: v for k, v in el["index"].items() if v is not None})
-        p.update(el[f"stage{stage}"])
+        own = dict(el[f"stage{stage}"])
+        p = {"encoder": ENC(w), "max_length": int(w.maxlen),
+             **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback")},
+             **{k: v for k, v in el["index"].items() if v is not None},
+             "train": {**el["train"], **own.pop("train", {})}, **own}
         return json.dumps(p, sort_keys=True)
 
     return f
@@ -102,8 +103,8 @@ rule elias_predict:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"],
-                                       "device": S(w)["elias"]["train"]["device"],
-                                       "allow_cpu_fallback": S(w)["elias"]["train"]["allow_cpu_fallback"],
+                                       "device": S(w)["elias"]["device"],
+                                       "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
         hash=H("elias_predict"),
         model=R(lay.ELIAS_STAGE),

@@ -100,7 +100,8 @@ Staged training (§3.4) and the hyper-parameters
   ``swa_epochs`` epochs (``round(swa_epochs * steps_per_epoch)`` steps, at least 1);
   the saved model holds the average.  The running average lives in buffers that the
   trainer's checkpoints carry, so a resumed run averages the same steps.
-* Epochs become steps as ``ceil(epochs * N / (batch_size * grad_accum))``.
+* The training recipe is ``train`` (:class:`xmc_steps.trainer.TrainParams`, ``lr`` unset: the three
+  rates below); epochs become steps as ``ceil(train.epochs * N / (batch_size * grad_accum))``.
 * Stage-dependent defaults (the authors' Amazon-670K settings from their public code): stage 1 15
   epochs, ``lr_encoder 1e-4``, ``lr_clf 1e-2``, ``lambda_ 0``; stage 2 30 epochs,
   ``lr_encoder 3e-5``, ``lr_clf 3e-4``, ``lr_A 5e-3``, ``lambda_ 0.05``.  ``alpha 10``,

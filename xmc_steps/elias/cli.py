@@ -54,7 +54,7 @@ def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
     except (TypeError, ValueError) as e:
         raise StageError(str(e)) from e
     params.device = str(require_device(params.device, params.allow_cpu_fallback,
-                                       config_key="elias.train.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
+                                       config_key="elias.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
     return params
 
 
@@ -126,7 +126,7 @@ def _train_main(args: argparse.Namespace) -> None:
                 model.set_adjacency(index, value)
             else:
                 with st.timed("init_adjacency"):
-                    index, value = init_adjacency(M_train, Y_train, params.kappa, params.seed)
+                    index, value = init_adjacency(M_train, Y_train, params.kappa, params.train.seed)
                 model = build_model(params, C, L, params.kappa, fixed_edges=False, pretrained=False)
                 copy_stage1_weights(model, Path(args.init))
                 model.set_adjacency(index, value)
@@ -139,7 +139,7 @@ def _train_main(args: argparse.Namespace) -> None:
         st.log.info("elias stage %d: encoder %s (%s), C = %d, L = %d, kappa = %d, b = %d, K = %d, alpha %g, beta %g, "
                     "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
                     stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
-                    params.beta, params.lambda_, params.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
+                    params.beta, params.lambda_, params.train.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
         on_step = st.step_logger({"loss": "train_loss"})
         ckpt_dir = out / "checkpoints"
         with training_device(st, params):

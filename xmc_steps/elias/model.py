@@ -418,7 +418,7 @@ def shortlist_metrics(labels_csr: sp.csr_matrix, scores_csr: sp.csr_matrix | Non
 
 def build_model(params: EliasParams, n_clusters: int, n_labels: int, kappa: int, fixed_edges: bool,
                 pretrained: bool = True) -> EliasModel:
-    neural.seed_everything(params.seed)
+    neural.seed_everything(params.train.seed)
     enc = neural.TextEncoder(params.encoder, pooling=params.pooling, last_k=params.last_k, pretrained=pretrained)
     return EliasModel(enc, n_clusters, n_labels, kappa, alpha=params.alpha, beta=params.beta, b=params.b,
                       K=params.K, wl_bias=params.wl_bias, fixed_edges=fixed_edges)

@@ -88,7 +88,9 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     the SWA average copied in when ``swa_epochs > 0``.
     """
     log = log or neural._default_log
-    tp = params.train_params()
+    if not params.is_resolved:
+        raise ValueError("resolve the parameters first (EliasParams.resolved)")
+    tp = params.train
     Y = sp.csr_matrix(Y, dtype=np.float32)
     Y.sort_indices()
     n = len(tokens)
@@ -119,7 +121,8 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
           "pooling": params.pooling, "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
-    trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp)
+    trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp,
+                      device=params.device, amp=params.amp)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt = vY = None
@@ -127,7 +130,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         vt, vY = valid
         vY = sp.csr_matrix(vY)
         if len(vt) > params.eval_max_docs:
-            sub = np.sort(np.random.default_rng(params.seed).choice(len(vt), params.eval_max_docs, replace=False))
+            sub = np.sort(np.random.default_rng(tp.seed).choice(len(vt), params.eval_max_docs, replace=False))
             vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
 
     def step_end(step: int) -> dict[str, float] | None:
@@ -140,7 +143,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
             swa.update(model)
         if vt is None or (step % params.eval_every and step != tp.steps):
             return None
-        r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=tp.amp,
+        r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=params.amp,
                     shortlist_topk=model.K, with_emb=False, progress=None)
         m = shortlist_metrics(r["shortlist"], r["scores"], vY)
         log.info("step %d: valid shortlist recall@%d %.4f, P@1 %.4f (%d documents)", step, model.K,
