@@ -232,6 +232,11 @@ def test_wl_delay_and_swa(tiny, tmp_path):
     assert tr2.resumed_from == 3
     for k, v in m2.state_dict().items():
         assert torch.equal(v, sd[k]), k
+    # a checkpoint written under another classifier rate is not resumed
+    m3 = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
+    m3.set_adjacency(index, value)
+    p3 = elias.EliasParams.from_dict({**p.to_dict(), "lr_clf": p.lr_clf / 2})
+    assert elias.train_elias(m3, tokens, Y, p3, tmp_path / "ck").resumed_from is None
 
 
 @pytest.mark.parametrize("mode", ["touched", "all"])
