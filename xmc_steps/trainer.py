@@ -59,7 +59,7 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -147,7 +147,7 @@ class TrainParams(Params):
         warm = self.warmup_steps
         if warm is None:
             warm = int(round((self.warmup or 0.0) * steps))
-        return TrainParams(**{**self.to_dict(), "steps": int(steps), "warmup_steps": int(min(warm, steps))})
+        return replace(self, steps=int(steps), warmup_steps=int(min(warm, steps)))
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:

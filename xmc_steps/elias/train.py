@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import neural
-from ..trainer import Trainer, TrainParams, digest, param_groups
+from ..trainer import Trainer, digest, param_groups
 from .loss import elias_loss
 from .model import EliasModel, predict, shortlist_metrics
 from .params import EliasParams
@@ -92,7 +93,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         raise ValueError("resolve the parameters first (EliasParams.resolved)")
     # the classifier's rate as the loop's default rate: it is then part of the checkpoints' trajectory
     # (lr_encoder and lr_A are in the fingerprint), as it was before the recipe was composed
-    tp = TrainParams.from_dict({**params.train.to_dict(), "lr": params.lr_clf})
+    tp = replace(params.train, lr=params.lr_clf)
     Y = sp.csr_matrix(Y, dtype=np.float32)
     Y.sort_indices()
     n = len(tokens)
