@@ -193,6 +193,27 @@ def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
     assert trainer.list_checkpoints(tmp_path) == []  # set aside, with a warning
 
 
+def test_checkpoint_of_an_earlier_version_without_schedule_resumes(tmp_path):
+    """A checkpoint written before ``schedule`` existed had the linear schedule: it still resumes;
+    the same checkpoint under ``schedule: constant`` is another trajectory and is set aside."""
+    net = nn.Linear(2, 1)
+    X = torch.randn(8, 2)
+    p = trainer.TrainParams(steps=4, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2)
+    trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, tmp_path, device="cpu").fit(
+        lambda m, b: (m(b).pow(2).mean(), {}), 8, lambda i: X[i])
+    for _, path in trainer.list_checkpoints(tmp_path):
+        state = torch.load(path / "trainer.pt", weights_only=True)
+        del state["params"]["schedule"]
+        torch.save(state, path / "trainer.pt")
+    same = trainer.TrainParams(steps=4, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2)
+    tr = trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), same, tmp_path,
+                         device="cpu")
+    assert tr.resumed_from == 4
+    const = trainer.TrainParams(steps=4, batch_size=4, lr=1e-2, warmup_steps=0, checkpoint_every=2, schedule="constant")
+    tr = trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 1e-2)}), const, tmp_path,
+                         device="cpu")
+    assert tr.resumed_from is None
+
 @pytest.mark.slow
 def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
     script = str(HERE / "tiny_encoder.py")

@@ -258,3 +258,15 @@ def matcher_scores(pattern: sp.csr_matrix, emb: np.ndarray, head: np.ndarray, ba
     out = pattern.copy()
     out.data = data
     return out
+
+
+def padded_to_csr(labels: np.ndarray, vals: np.ndarray, n_labels: int) -> sp.csr_matrix:
+    """Per-row label ids and scores (``N x k``, ``-1`` = padding) as a CSR ``N x n_labels`` with sorted
+    indices (a neural model's top-k, written by :func:`xmc_steps.io.write_predictions`)."""
+    n = labels.shape[0]
+    keep = labels >= 0
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(keep.sum(1), out=indptr[1:])
+    m = sp.csr_matrix((vals[keep].astype(np.float32), labels[keep].astype(np.int32), indptr), shape=(n, n_labels))
+    m.sort_indices()
+    return m

@@ -12,7 +12,14 @@ The optimisation step with 0-based index ``t`` (so ``t = 0`` is the first update
 ``lr * lr_factor(t)`` with ``lr_factor(t) = (t + 1) / warmup`` for ``t < warmup``
 (reaching the full rate on the last warm-up step) and ``(steps - t) / (steps - warmup)``
 afterwards (the full rate at ``t = warmup``, decaying linearly towards 0, which it
-reaches at ``t = steps``).  See :func:`lr_factor`.
+reaches at ``t = steps``).  With ``schedule: constant`` (LightXML's "constant learning rate")
+the rate stays at the full rate after the warm-up.  See :func:`lr_factor`.
+
+Weight averaging
+----------------
+:class:`WeightAverage` keeps the running uniform average of a model's float weights in
+buffers (so a checkpoint carries it): stochastic weight averaging (Izmailov et al. 2018), which
+ELIAS and LightXML use over the last part of their runs.
 
 Data order
 ----------
@@ -105,6 +112,7 @@ class TrainParams(Params):
     log_every: int = 10
     seed: int = 0
     length_bucket: int = 0        # > 0: batches of similar lengths from windows of this many batches (Trainer)
+    schedule: str = "linear"      # after the warm-up: linear (decay to 0 at the last step) | constant (LightXML)
 
     def __post_init__(self) -> None:
         for f in ("batch_size", "grad_accum", "log_every"):
@@ -124,12 +132,14 @@ class TrainParams(Params):
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
     _what = "training parameter"
 
     # fields that change the training trajectory (a checkpoint under other values is not resumed)
     TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",
-                  "length_bucket")
+                  "length_bucket", "schedule")
 
     @property
     def is_resolved(self) -> bool:
@@ -150,10 +160,19 @@ class TrainParams(Params):
         return replace(self, steps=int(steps), warmup_steps=int(min(warm, steps)))
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
+SCHEDULES = ("linear", "constant")
+
+
+#: the trajectory values of a default recipe (a checkpoint of an earlier version lacks the newer keys)
+_TRAJECTORY_DEFAULTS = {"schedule": "linear"}
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str = "linear") -> float:
     """Multiplier of the base learning rate for the update with 0-based index ``step``."""
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0 if step < total else 0.0
     if total <= warmup:
         return 1.0 if step < total else 0.0
     return max(0.0, (total - step) / (total - warmup))
@@ -162,11 +181,11 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 class LinearWarmupDecay:
     """Picklable ``LambdaLR`` multiplier: :func:`lr_factor` with fixed ``warmup``/``total``."""
 
-    def __init__(self, warmup: int, total: int):
-        self.warmup, self.total = int(warmup), int(total)
+    def __init__(self, warmup: int, total: int, schedule: str = "linear"):
+        self.warmup, self.total, self.schedule = int(warmup), int(total), schedule
 
     def __call__(self, step: int) -> float:
-        return lr_factor(step, self.warmup, self.total)
+        return lr_factor(step, self.warmup, self.total, self.schedule)
 
 
 def _is_no_decay(name: str, p: torch.Tensor) -> bool:
@@ -209,6 +228,40 @@ def param_groups(named_params_by_group: Mapping[str, tuple[Any, float]], weight_
     if not groups:
         raise ValueError("param_groups: no trainable parameters")
     return groups
+
+
+class WeightAverage(nn.Module):
+    """Running uniform average of a model's trainable float weights, in buffers (so checkpointed
+    with the module that holds it): :meth:`update` after a step adds the current weights,
+    :meth:`copy_to` writes the average into the model (a no-op before the first update)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        params = dict(model.named_parameters())
+        self.names = [n for n, p in params.items() if p.is_floating_point()]
+        for n in self.names:
+            self.register_buffer("avg__" + n.replace(".", "__"), params[n].detach().float().clone())
+        self.register_buffer("n", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        params = dict(model.named_parameters())
+        k = int(self.n) + 1
+        for n in self.names:
+            avg = getattr(self, "avg__" + n.replace(".", "__"))
+            if k == 1:
+                avg.copy_(params[n])
+            else:
+                avg.add_(params[n].detach().float() - avg, alpha=1.0 / k)
+        self.n.fill_(k)
+
+    @torch.no_grad()
+    def copy_to(self, model: nn.Module) -> None:
+        if int(self.n) == 0:
+            return
+        params = dict(model.named_parameters())
+        for n in self.names:
+            params[n].copy_(getattr(self, "avg__" + n.replace(".", "__")))
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -335,7 +388,8 @@ class Trainer:
             g.setdefault("name", f"group{j}")
         self.group_names = [g.get("group", g["name"]) for g in groups]
         self.optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=params.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LinearWarmupDecay(params.warmup_steps, params.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, LinearWarmupDecay(params.warmup_steps, params.steps, params.schedule))
         self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, self.amp))
         self.step = 0            # optimisation steps done
         self.epoch = 0           # current epoch
@@ -389,7 +443,8 @@ class Trainer:
                 self.log.warning("checkpoint %s is unreadable (%s); trying an older one", path, e)
                 ckpts.pop()
                 continue
-            saved = {k: state.get("params", {}).get(k) for k in TrainParams.TRAJECTORY}
+            # a key an earlier version did not write had its default then (schedule: linear)
+            saved = {k: state.get("params", {}).get(k, _TRAJECTORY_DEFAULTS.get(k)) for k in TrainParams.TRAJECTORY}
             if state.get("format") != CKPT_FORMAT or saved != self._trajectory() or state.get("fingerprint", {}) != self.fingerprint:
                 self.log.warning("checkpoints in %s were written by a different run configuration "
                                  "(params %s, fingerprint %s); removing them and starting from scratch",
@@ -401,7 +456,7 @@ class Trainer:
             self.model.to(self.device)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            self.scheduler.lr_lambdas = [LinearWarmupDecay(self.params.warmup_steps, self.params.steps)
+            self.scheduler.lr_lambdas = [LinearWarmupDecay(self.params.warmup_steps, self.params.steps, self.params.schedule)
                                          for _ in self.optimizer.param_groups]
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])

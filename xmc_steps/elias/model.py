@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import neural
 from ..neural_stage import load_trained
+from ..search import padded_to_csr
 from ..stage import StageError
 from .params import EliasParams
 
@@ -347,18 +348,10 @@ def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    return {"scores": _to_csr(lab_p, val_p, L), "shortlist": _to_csr(lab_s, val_s, L), "emb": emb_all,
+    return {"scores": padded_to_csr(lab_p, val_p, L), "shortlist": padded_to_csr(lab_s, val_s, L), "emb": emb_all,
             "seconds": seconds}
 
 
-def _to_csr(labels: np.ndarray, vals: np.ndarray, n_labels: int) -> sp.csr_matrix:
-    n = labels.shape[0]
-    keep = labels >= 0
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(keep.sum(1), out=indptr[1:])
-    m = sp.csr_matrix((vals[keep].astype(np.float32), labels[keep].astype(np.int32), indptr), shape=(n, n_labels))
-    m.sort_indices()
-    return m
 
 
 @torch.no_grad()

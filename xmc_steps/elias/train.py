@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import neural
-from ..trainer import Trainer, digest, param_groups
+from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
 from .model import EliasModel, predict, shortlist_metrics
 from .params import EliasParams
@@ -22,40 +22,8 @@ from .params import EliasParams
 # --------------------------------------------------------------------------- training
 
 
-class _Swa(nn.Module):
-    """Running uniform average of a model's trainable float weights, in buffers (checkpointed)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        params = dict(model.named_parameters())
-        self.names = [n for n, p in params.items() if p.is_floating_point()]
-        for n in self.names:
-            self.register_buffer("avg__" + n.replace(".", "__"), params[n].detach().float().clone())
-        self.register_buffer("n", torch.zeros((), dtype=torch.long))
-
-    @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        params = dict(model.named_parameters())
-        k = int(self.n) + 1
-        for n in self.names:
-            avg = getattr(self, "avg__" + n.replace(".", "__"))
-            if k == 1:
-                avg.copy_(params[n])
-            else:
-                avg.add_(params[n].detach().float() - avg, alpha=1.0 / k)
-        self.n.fill_(k)
-
-    @torch.no_grad()
-    def copy_to(self, model: nn.Module) -> None:
-        if int(self.n) == 0:
-            return
-        params = dict(model.named_parameters())
-        for n in self.names:
-            params[n].copy_(getattr(self, "avg__" + n.replace(".", "__")))
-
-
 class _TrainBox(nn.Module):
-    def __init__(self, model: EliasModel, swa: _Swa | None):
+    def __init__(self, model: EliasModel, swa: WeightAverage | None):
         super().__init__()
         self.elias = model
         self.swa = swa
@@ -116,7 +84,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     if params.swa_epochs > 0:
         swa_steps = max(1, round(params.swa_epochs * params.steps_per_epoch(n)))
         swa_start = max(0, tp.steps - swa_steps)
-        swa = _Swa(model)
+        swa = WeightAverage(model)
     box = _TrainBox(model, swa)
     fp = {"stage_model": model.describe(), "lr_encoder": params.lr_encoder, "lr_A": params.lr_A,
           "weight_decay_A": params.weight_decay_A, "lambda_": params.lambda_, "eps": params.eps,
