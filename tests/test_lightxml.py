@@ -1,0 +1,238 @@
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tiny_encoder import make_tiny_encoder, toy_tokens
+from xmc_steps import io, lightxml
+from xmc_steps.cluster_tree import ClusterTree
+from xmc_steps.stage import cli_main
+from xmc_steps.trainer import TrainParams, lr_factor
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny_l") / "bert")
+
+
+def _model(L, cluster_of, dim=2, **kw):
+    m = lightxml.LightXMLModel(None, L, None if cluster_of is None else np.asarray(cluster_of), dim=dim, **kw)
+    return m.eval()
+
+
+def test_cluster_table_lists_each_clusters_labels():
+    t = lightxml.cluster_table(np.array([1, 0, 1, 2, 1]), 3)
+    assert t.tolist() == [[1, -1, -1], [0, 2, 4], [3, -1, -1]]
+    with pytest.raises(ValueError):
+        lightxml.cluster_table(np.array([0, 3]), 3)
+
+
+def test_candidates_are_the_top_clusters_plus_the_missing_positives():
+    # 6 labels in 3 clusters {0,1}, {2,3}, {4,5}; topb 1
+    m = _model(6, [0, 0, 1, 1, 2, 2], topb=1)
+    g = torch.tensor([[3.0, 0.0, -1.0], [-1.0, 0.0, 2.0]])
+    c = m.candidates(g)                                   # prediction: no positives
+    assert c.labels.tolist() == [[0, 1], [4, 5]]
+    assert c.target is None
+    assert c.cluster_score[0].tolist() == pytest.approx([torch.sigmoid(torch.tensor(3.0)).item()] * 2)
+    # training: text 0 has positives 1 (in its top cluster) and 4; text 1 has positive 2
+    rows, labs = torch.tensor([0, 0, 1]), torch.tensor([1, 4, 2])
+    c = m.candidates(g, rows, labs)
+    got = [sorted(int(x) for x in r if x >= 0) for r in c.labels]
+    assert got == [[0, 1, 4], [2, 4, 5]]                  # label 1 not repeated; 4 and 2 added
+    pos = [sorted(int(l) for l, t in zip(r, tt) if t) for r, tt in zip(c.labels, c.target)]
+    assert pos == [[1, 4], [2]]
+    assert (c.cluster_score[c.labels < 0] == 0).all()
+    # the authors' reading: the positives' clusters go first, so their siblings are candidates too
+    m2 = _model(6, [0, 0, 1, 1, 2, 2], topb=2, train_candidates="positive-clusters")
+    c2 = m2.candidates(g, rows, labs)
+    assert [sorted(int(x) for x in r if x >= 0) for r in c2.labels] == [[0, 1, 4, 5], [2, 3, 4, 5]]
+
+
+def test_negatives_are_redrawn_from_the_current_generator():
+    torch.manual_seed(0)
+    m = _model(8, [0, 0, 1, 1, 2, 2, 3, 3], topb=1, dim=4)
+    e = torch.randn(5, 4)
+    before = m.candidates(m.generator(e)).labels.clone()
+    with torch.no_grad():
+        m.generator.weight.neg_()
+        m.generator.bias.neg_()
+    after = m.candidates(m.generator(e)).labels
+    assert not torch.equal(before, after)
+
+
+def test_loss_is_eq6_on_a_hand_worked_example():
+    torch.manual_seed(1)
+    m = _model(6, [0, 0, 1, 1, 2, 2], topb=1, dim=3, hidden=2)
+    e = torch.randn(2, 3)
+    rows, labs = torch.tensor([0, 1]), torch.tensor([5, 0])
+    loss, lg, ld = m.loss(e, rows, labs)
+    g = m.generator(e)
+    yg = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert lg.item() == pytest.approx(F.binary_cross_entropy_with_logits(g, yg).item(), rel=1e-6)
+    c = m.candidates(g, rows, labs)
+    h = torch.sigmoid(m.bottleneck(e))                    # Eq. 4's inner sigmoid
+    d = []
+    tg = []
+    for i in range(2):
+        for l, t in zip(c.labels[i].tolist(), c.target[i].tolist()):
+            if l >= 0:
+                d.append(m.label_emb.weight[l] @ h[i])
+                tg.append(float(t))
+    ref = F.binary_cross_entropy_with_logits(torch.stack(d), torch.tensor(tg))
+    assert ld.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(lg.item() + ld.item(), rel=1e-6)
+    assert sum(tg) == 2                                   # both positives are among the candidates
+
+
+def test_flat_mode_scores_every_label_with_the_generator():
+    m = _model(5, None, dim=3)
+    assert m.flat and m.n_clusters == 5 and not hasattr(m, "label_emb")
+    e = torch.randn(2, 3)
+    labels, p = m.scores(e)
+    assert labels.shape == (2, 5) and torch.allclose(p, torch.sigmoid(m.generator(e)))
+    loss, lg, ld = m.loss(e, torch.tensor([0, 1]), torch.tensor([3, 1]))
+    y = torch.zeros(2, 5)
+    y[0, 3] = y[1, 1] = 1
+    assert loss.item() == pytest.approx(F.binary_cross_entropy_with_logits(m.generator(e), y).item(), rel=1e-6)
+    assert ld.item() == 0
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the element count of every tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.biggest = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor):
+                self.biggest.append((t.numel(), str(func)))
+        return out
+
+
+def test_discriminator_never_allocates_batch_by_labels():
+    # L = 500,000 labels in clusters of <= 64 (K = 8,192), the paper's hidden sizes scaled down in width only
+    L, B, hidden, dim = 500_000, 64, 8, 16
+    cluster_of = np.arange(L) % 8192
+    m = lightxml.LightXMLModel(None, L, cluster_of, dim=dim, hidden=hidden, topb=10).train()
+    e = torch.randn(B, dim, requires_grad=True)
+    rows = torch.arange(B).repeat_interleave(3)
+    labs = torch.randint(0, L, (3 * B,))
+    with _Shapes() as rec:
+        loss, _, _ = m.loss(e, rows, labs)
+        loss.backward()
+        labels, p = m.scores(e.detach())
+    worst = max(rec.biggest)
+    # the label embeddings' gradient (L x hidden) is the largest thing; nothing is B x L
+    assert worst[0] <= L * hidden, worst
+    assert all(n < B * L for n, _ in rec.biggest)
+    assert labels.shape[1] == 10 * 62 or labels.shape[1] <= 10 * 64
+    S = labels.shape[1]
+    assert p.shape == (B, S)
+
+
+def test_params_resolve_and_reject_bad_values():
+    p = lightxml.LightXMLParams().resolved(1000)
+    assert p.train.steps == 188 and p.train.warmup_steps == 0 and p.train.schedule == "constant"   # 3 epochs / 16
+    assert p.eval_every == 18
+    first, every = p.swa_schedule(1000)
+    assert first == 95 and every == 12
+    with pytest.raises(ValueError, match="unknown LightXML parameter"):
+        lightxml.LightXMLParams.from_dict({"stepz": 1})
+    with pytest.raises(ValueError, match="bottleneck"):
+        lightxml.LightXMLParams(bottleneck="relu")
+    with pytest.raises(ValueError, match="train.lr"):
+        lightxml.LightXMLParams(train=TrainParams(lr=None, epochs=1))
+    # a nested train section changes only the keys it names
+    q = lightxml.LightXMLParams.from_dict({"train": {"epochs": 7}})
+    assert q.train.epochs == 7 and q.train.schedule == "constant" and q.train.lr == 1e-4
+
+
+def test_constant_schedule_keeps_the_rate_after_warmup():
+    assert [lr_factor(t, 2, 10, "constant") for t in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+    assert lr_factor(9, 2, 10) == pytest.approx(1 / 8)
+
+
+def _write_toy(tmp_path, n_train=96, n_valid=32, width=12):
+    """4 topics; topic t has labels {t, t+4}; the tree's 4 clusters split them ({0,1}, {2,3}, {4,5}, {6,7})."""
+    ids, lengths, cls = toy_tokens(n_train + n_valid, width, 4, seed=2)
+    L = 8
+    rows = [[t, t + 4] for t in cls]
+    Y = sp.csr_matrix((np.ones(2 * len(rows), np.float32), np.concatenate(rows), np.arange(len(rows) + 1) * 2),
+                      shape=(len(rows), L))
+    d = tmp_path / "in"
+    for s, sl in (("train", slice(0, n_train)), ("valid", slice(n_train, None))):
+        io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
+        io.save_csr(d / f"Y_{s}.npz", Y[sl])
+    io.save_arrays(d / "tokens_test.npz", input_ids=ids[n_train:], lengths=lengths[n_train:])
+    io.save_csr(d / "Y_test.npz", Y[n_train:])
+    ClusterTree.from_assignments([np.arange(L) // 2]).save(d / "tree.npz")
+    return d
+
+
+@pytest.mark.parametrize("flat_max_labels", [8, 4])
+def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels):
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    d = _write_toy(tmp_path)
+    out = tmp_path / "m"
+    params = {"encoder": tiny, "last_k": 2, "flat_max_labels": flat_max_labels, "topb": 2, "hidden": 16, "dropout": 0.1,
+              "device": "cpu", "threads": 1, "eval_every": 40, "swa_start": 0.75, "swa_every_epochs": 0.5,
+              "train": {"steps": 120, "batch_size": 16, "lr": 2e-3, "checkpoint_every": 50}}
+    argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
+            str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(out), "--params", json.dumps(params),
+            "--no-tracking", "--record", str(out / "record.json")]
+    assert cli_main(lightxml.main, argv) == 0
+    rec = io.read_json(out / "record.json")
+    meta = io.read_json(out / "lightxml.json")
+    assert meta["flat"] == (flat_max_labels >= 8) and meta["K"] == (8 if flat_max_labels >= 8 else 4)
+    assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and not (out / "checkpoints").exists()
+    assert rec["metrics"]["train_steps"] == 120
+    # each topic's two labels are written in its token: well above the prior (every text: labels 0, 4)
+    assert rec["metrics"]["valid_p_at_1"] >= 0.9, rec["metrics"]
+    assert rec["metrics"]["valid_prior_p_at_1"] <= 0.5
+    pred = tmp_path / "pred.parquet"
+    argv = ["predict", "--model", str(out), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
+            "--params", json.dumps({"topk": 3, "device": "cpu"}), "--no-tracking", "--record", str(tmp_path / "p.json")]
+    assert cli_main(lightxml.main, argv) == 0
+    P = io.read_predictions(pred, 8)
+    assert P.shape == (32, 8) and (np.diff(P.indptr) <= 3).all()
+    Y = io.load_csr(d / "Y_test.npz")
+    best = np.asarray(P.argmax(1)).ravel()
+    assert np.mean([Y[i, best[i]] for i in range(32)]) >= 0.9
+    # the saved model reloads and predicts the same scores
+    r = lightxml.predict(lightxml.load_lightxml(out), __import__("xmc_steps").neural.TokenData.load(
+        d / "tokens_test.npz"), topk=3, device="cpu", progress=None)
+    np.testing.assert_allclose(r["scores"].toarray(), P.toarray(), atol=1e-5)
+
+
+def test_cli_fails_loudly_when_nothing_was_learned(tiny, tmp_path, capsys):
+    # label 8 is on 60% of the texts, whatever they say: the frequency prior's P@1 is about 0.6
+    ids, lengths, cls = toy_tokens(48, 12, 4, seed=3)
+    rng = np.random.default_rng(0)
+    rows = [[t, t + 4] + ([8] if rng.random() < 0.6 else []) for t in cls]
+    Y = sp.csr_matrix((np.ones(sum(map(len, rows)), np.float32), np.concatenate(rows),
+                       np.cumsum([0] + [len(r) for r in rows])), shape=(48, 9))
+    Y.sort_indices()
+    d = tmp_path / "in"
+    for s, sl in (("train", slice(0, 32)), ("valid", slice(32, None))):
+        io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
+        io.save_csr(d / f"Y_{s}.npz", Y[sl])
+    out = tmp_path / "m"
+    params = {"encoder": tiny, "last_k": 2, "device": "cpu", "threads": 1, "eval_every": 0,
+              "train": {"steps": 1, "batch_size": 8, "lr": 1e-9}}
+    argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
+            str(d / "Y_valid.npz"), "--out", str(out), "--params", json.dumps(params), "--no-tracking"]
+    assert cli_main(lightxml.main, argv) != 0
+    err = capsys.readouterr().err
+    assert "learned nothing" in err and "frequency prior" in err and "lightxml.allow_weak" in err
+    assert not (out / "model.safetensors").exists()
+    params["allow_weak"] = True
+    argv[argv.index("--params") + 1] = json.dumps(params)
+    assert cli_main(lightxml.main, argv) == 0 and (out / "model.safetensors").exists()

@@ -1,0 +1,64 @@
+"""LightXML (Jiang et al., AAAI 2021): one transformer trained end to end with a generator that
+recalls label clusters and a discriminator that ranks their labels, the negatives re-drawn from
+the current generator at every step ("dynamic negative sampling").
+
+Model (:class:`LightXMLModel`)
+------------------------------
+* Text representation ``e``: the summary-token states of the last ``last_k`` (5) layers,
+  concatenated (:class:`xmc_steps.neural.TextEncoder`, ``pooling="cls-concat-last-k"``: the
+  summary token is the first one, or the last real one for XLNet), then dropout ``dropout``
+  (0.5, "a high rate of dropout").
+* Label clusters: the finest level of the shared balanced tree (``index/pifa-tfidf/tree-b2-l{s}``:
+  balanced 2-means on PIFA label vectors down to at most ``s`` labels per cluster, at least
+  ``s / 2``, as the paper builds them after AttentionXML).  For a small label set
+  (``L <= flat_max_labels``; the paper does this for Eurlex-4K, AmazonCat-13K and Wiki10-31K)
+  every label is its own cluster: the generator scores every label and there is no discriminator.
+* Generator (Eq. 1): ``G(e) = sigmoid(W_g e + b_g)`` over the ``K`` clusters, BCE against the
+  text's clusters.
+* Candidates (Eq. 2): the labels of the top-``topb`` clusters by the *current* ``G(e)``
+  (detached: the generator learns from the ground truth only, as the paper says), re-drawn at
+  every step and never cached.  In training the positives are added: ``train_candidates:
+  positives`` adds the positive labels that the top clusters miss (the paper: "all positive
+  labels are added to this subset", Algorithm 1 lines 9-13); ``positive-clusters`` ranks the
+  positives' clusters first, so their whole clusters become candidates (what the authors'
+  released code does, which also makes the positives' cluster siblings negatives).
+* Discriminator (Eqs. 3-4): ``D(e, M) = sigmoid(M act(W_h e + b_h))`` with ``M`` the rows of the
+  label embeddings ``E`` (``L x hidden``, Xavier-uniform; "initialized randomly") of the
+  candidates only: a batch gathers ``B x S x hidden`` values, never ``B x L``.  ``act`` is the
+  sigmoid of Eq. 4 (``bottleneck: sigmoid``, the default: the paper's equation) or the identity
+  (``bottleneck: linear``, the authors' code).
+* Loss (Eqs. 1, 5, 6): ``L_g + L_d``, each BCE averaged over its entries (``B x K`` for the
+  generator, the real candidates for the discriminator): the paper writes sums, which would
+  scale the step size with ``K`` and the candidate count; the mean is what the authors train
+  with.
+* Prediction: ``p_l = G(e)_{g_c(l)} * D(e, M)_l`` over the candidates of the top-``topb``
+  clusters (no positives added); flat: ``p = G(e)``.  The top ``topk`` (100) are written.
+
+Training
+--------
+AdamW, one learning rate for every part (``train.lr``, 1e-4 constant: ``train.schedule:
+constant``, no warm-up), weight decay 0.01 except on biases and LayerNorm weights (the
+paper's sentence says the opposite, "0.01 weight decay for bias and layer norm weight", which
+we read as the usual exemption it inverts by mistake: decaying only biases and norms while
+leaving the weights free has no use), autocast on CUDA.  Stochastic weight averaging: from
+``swa_start`` of the steps on, the weights are added to a running average every
+``swa_every_epochs`` epochs, and the average is the saved model (the authors start it after
+4 of 10 epochs on Wiki-500K and 10 of 20 on Eurlex-4K, adding every 3,000 and 200 steps).
+The final model is the one after the last step (no selection on validation).
+
+Guard: after training the stage compares the model's valid P@1 with the frequency prior's
+(every text gets the most frequent training labels); a model not above it fails the stage
+with both numbers (``allow_weak: true`` keeps it with a warning).
+
+Files: :mod:`.params` (:class:`LightXMLParams`), :mod:`.model` (the network, candidates, losses,
+inference, loading), :mod:`.train` (the training driver), :mod:`.cli` (the stage:
+``python -m xmc_steps.lightxml``).
+"""
+
+from .cli import main
+from .model import FORMAT, Candidates, LightXMLModel, build_model, cluster_table, load_lightxml, predict
+from .params import TRAIN_DEFAULTS, LightXMLParams
+from .train import frequency_prior, train_lightxml, valid_metrics
+
+__all__ = ["FORMAT", "TRAIN_DEFAULTS", "Candidates", "LightXMLModel", "LightXMLParams", "build_model", "cluster_table",
+           "frequency_prior", "load_lightxml", "main", "predict", "train_lightxml", "valid_metrics"]

@@ -1,0 +1,214 @@
+"""LightXML (Jiang et al., AAAI 2021) stage: train, predict (:mod:`xmc_steps.lightxml`).
+
+CLI::
+
+    python -m xmc_steps.lightxml train --tokens-dir DIR --labels-train Y_train.npz \\
+        --labels-valid Y_valid.npz --tree tree.npz --out DIR --params JSON [common args]
+    python -m xmc_steps.lightxml predict --model DIR --tokens tokens_test.npz --out predictions.parquet \\
+        --params JSON [common args]
+
+``train`` writes ``model.safetensors``, ``lightxml.json`` (format, encoder, L, K, flat, the
+parameters, the validation figures next to the frequency prior's), ``curve.png`` (valid P@1 over the
+steps, the prior as a line).  The clusters are the finest level of ``--tree`` unless the label
+set is small (``L <= flat_max_labels``: one label per cluster, the tree is not used).  The stage
+fails when the model's valid P@1 is not above the frequency prior's (``allow_weak: true`` makes
+that a warning).  Checkpoints go to ``OUT/checkpoints`` and are removed once every output is
+written.  ``predict`` writes the top-``topk`` (default 100) labels by ``p``
+(:func:`xmc_steps.io.write_predictions`) and ``predict_latency_ms_per_doc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Mapping
+
+from .. import encoders, io, neural
+from ..devices import require_device
+from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..stage import StageError, add_common_args, stage_run
+from .model import FORMAT, build_model, load_lightxml, predict
+from .params import LightXMLParams
+from .train import frequency_prior, train_lightxml, valid_metrics
+
+
+def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
+    """Typed parameters; the device is checked first (a GPU rule without a GPU fails early)."""
+    try:
+        params = LightXMLParams.from_dict(st.params)
+    except (TypeError, ValueError) as e:
+        raise StageError(str(e)) from e
+    params.device = str(require_device(params.device, params.allow_cpu_fallback,
+                                       config_key="lightxml.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
+    return params
+
+
+def _train_main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    names = ["model.safetensors", "lightxml.json", "curve.png"]
+    with stage_run("lightxml_train", args, outputs=[str(out / n) for n in names]) as st:
+        params = _parse_params(st, args, "lightxml_train")
+        with st.timed("load"):
+            tokens = load_tokens(args.tokens_dir, ("train", "valid"))
+            try:
+                Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
+            except (OSError, ValueError) as e:
+                raise StageError(f"labels: {e}") from e
+            L = Y_train.shape[1]
+            cluster_of, K = None, L
+            if L > params.flat_max_labels:
+                if not args.tree:
+                    raise StageError(f"{L} labels > flat_max_labels = {params.flat_max_labels}: the clustered "
+                                     "mode needs --tree")
+                from ..cluster_tree import ClusterTree
+
+                try:
+                    tree = ClusterTree.load(args.tree)
+                except (OSError, ValueError) as e:
+                    raise StageError(f"--tree {args.tree}: {e}") from e
+                if tree.n_labels != L:
+                    raise StageError(f"--tree {args.tree} has {tree.n_labels} labels but Y_train has {L}")
+                cluster_of, K = tree.assignment(-1), tree.n_clusters
+        for name, Y in (("train", Y_train), ("valid", Y_valid)):
+            if Y.shape[1] != L:
+                raise StageError(f"Y_{name} has {Y.shape[1]} labels but Y_train has {L}")
+            if Y.shape[0] != len(tokens[name]):
+                raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
+        try:
+            params = params.resolved(len(tokens["train"]))
+        except ValueError as e:
+            raise StageError(str(e)) from e
+        width = neural.check_tokens(params.encoder, tokens, params.max_length, "lightxml")
+        if params.max_length is None:
+            params.max_length = width
+        st.params.clear()
+        st.params.update(params.to_dict())
+        try:
+            model = build_model(params, L, cluster_of, K, pretrained=True)
+        except OSError as e:
+            raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
+        except ValueError as e:   # e.g. last_k beyond the encoder's layers
+            raise StageError(f"encoder '{params.encoder}': {e} (lightxml.last_k)") from e
+        swa_first, swa_every = params.swa_schedule(len(tokens["train"]))
+        st.log.info("lightxml: encoder %s ([CLS] of the last %d layers, dropout %g), L = %d, %s, %d steps "
+                    "(batch %d, lr %g, %s), weight average from step %d every %d, %d train / %d valid documents",
+                    params.encoder, params.last_k, params.dropout, L,
+                    "one label per cluster (generator only)" if model.flat else
+                    f"K = {K} clusters of <= {model.cluster_labels.shape[1]} labels, top-{model.topb}, hidden {model.hidden}",
+                    params.train.steps, params.train.batch_size, params.train.lr, params.train.schedule,
+                    swa_first, swa_every, len(tokens["train"]), len(tokens["valid"]))
+        curve: dict[int, float] = {}
+        log_step = st.step_logger({"loss": "train_loss"})
+
+        def on_step(step: int, logs: Mapping[str, float]) -> None:
+            if "valid_p_at_1" in logs:
+                curve[step] = logs["valid_p_at_1"]
+            log_step(step, dict(logs))
+
+        ckpt_dir = out / "checkpoints"
+        with training_device(st, params):
+            with st.timed("train"):
+                trainer = train_lightxml(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
+                                         valid=(tokens["valid"], Y_valid))
+            record_training(st, trainer)
+            with st.timed("valid"):
+                m = valid_metrics(model, tokens["valid"], Y_valid, params, trainer.device, progress=st.log.info)
+            prior = frequency_prior(Y_train, Y_valid, params.topk)
+            for k, v in m.items():
+                st.metric(f"valid_{k}", v)
+            for k, v in prior.items():
+                st.metric(f"valid_prior_{k}", v)
+            verdict = (f"valid P@1 {m['p_at_1']:.4f} vs the frequency prior's {prior['p_at_1']:.4f} "
+                       f"(P@5 {m['p_at_5']:.4f} vs {prior['p_at_5']:.4f})")
+            if m["p_at_1"] <= prior["p_at_1"]:
+                msg = (f"LightXML learned nothing from the text: {verdict} after {trainer.step} steps. Train longer "
+                       "or faster (lightxml.train.epochs, lightxml.train.lr), check the encoder and max_length, or set "
+                       "lightxml.allow_weak: true to keep this model")
+                if not params.allow_weak:
+                    raise StageError(msg)
+                st.log.warning("%s (allow_weak: kept)", msg)
+            else:
+                st.log.info("lightxml: %s", verdict)
+            meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
+                    "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
+                    "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
+                    "device": str(trainer.device), "valid": m, "valid_prior": prior}
+            save_trained(st, out, model, "lightxml.json", meta, FORMAT)
+            plot_curve(out / "curve.png", curve, m["p_at_1"], prior["p_at_1"], trainer.step)
+            st.output("curve", out / "curve.png")
+        remove_checkpoints(ckpt_dir)
+
+
+def plot_curve(path: str | os.PathLike, curve: Mapping[int, float], final: float, prior: float, steps: int) -> None:
+    """PNG of the valid P@1 over the training steps, the final model's and the frequency prior's as marks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    xs = sorted(curve)
+    if xs:
+        ax.plot(xs, [curve[s] for s in xs], "o-", label="P@1 (valid subset, current weights)")
+    ax.plot([steps], [final], "k*", ms=12, label=f"final model, all valid: {final:.3f}")
+    ax.axhline(prior, linestyle=":", color="gray", label=f"frequency prior: {prior:.3f}")
+    ax.set_xlabel("optimisation step")
+    ax.set_ylabel("valid P@1")
+    ax.set_ylim(0, 1)
+    ax.set_title("LightXML")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+
+
+def _predict_main(args: argparse.Namespace) -> None:
+    with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
+        params = _parse_params(st, args, "lightxml_predict")
+        if params.threads:
+            import torch
+
+            torch.set_num_threads(params.threads)
+        try:
+            meta = io.read_json(Path(args.model) / "lightxml.json")
+            tokens = neural.TokenData.load(args.tokens)
+        except (OSError, ValueError) as e:
+            raise StageError(str(e)) from e
+        if tokens.max_length != meta["max_length"]:
+            raise StageError(f"tokens have width {tokens.max_length} but the model was trained with "
+                             f"{meta['max_length']}")
+        device = neural.resolve_device(params.device)  # already checked by require_device
+        with st.timed("load"):
+            try:
+                model = load_lightxml(args.model, device)
+            except (OSError, ValueError, KeyError) as e:
+                raise StageError(f"--model {args.model}: {e}") from e
+        st.params.update({"topk": params.topk, "model": str(args.model)})
+        with st.timed("predict"):
+            r = predict(model, tokens, params.topk, params.eval_batch_size, device, params.amp, progress=st.log.info)
+        st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
+        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.lightxml", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train a LightXML model")
+    t.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid}.npz")
+    t.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
+    t.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
+    t.add_argument("--tree", help="cluster tree (.npz of xmc_steps.cluster): its finest level gives the clusters")
+    t.add_argument("--out", required=True, help="output folder")
+    add_common_args(t)
+    q = sub.add_parser("predict", help="top-k predictions of a trained model")
+    q.add_argument("--model", required=True, help="a train output folder")
+    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
+    q.add_argument("--out", required=True, help="predictions Parquet (top-k labels by p)")
+    add_common_args(q)
+    args = p.parse_args(argv)
+    if args.cmd == "train":
+        _train_main(args)
+    else:
+        _predict_main(args)
