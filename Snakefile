@@ -14,6 +14,7 @@ include: "workflow/rules/index.smk"
 include: "workflow/rules/linear.smk"
 include: "workflow/rules/xtransformer.smk"
 include: "workflow/rules/elias.smk"
+include: "workflow/rules/lightxml.smk"
 include: "workflow/rules/evaluate.smk"
 
 

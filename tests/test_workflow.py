@@ -176,6 +176,31 @@ def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):
         assert all(f"mem_mb={sizes[rule]['mem_mb']}" in blk for blk in by_rule[rule]), rule
 
 
+def test_wiki500k_lightxml_paper_plan_has_gpu_training_rules(tmp_path):
+    """`snakemake -n results/wiki500k/lightxml.json` with the paper config: the clusters of Table 1
+    (balanced 2-means down to 60 labels), BERT-base at 128 tokens, GPU rules sized for the full set."""
+    import yaml
+
+    write_raw_dataset(tmp_path / "data" / "wiki500k", [("x", ["1"])], [("y", ["1"])])
+    paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())
+    r = _run(tmp_path, "results/wiki500k/lightxml.json", extra=["-n", "-p", "--cores", "8"], overrides=paper)
+    out = r.stdout + r.stderr
+    by_rule = {}
+    for blk in out.split("\nrule ")[1:]:
+        by_rule.setdefault(blk.split(":", 1)[0].strip(), []).append(blk)
+    for rule in ("ingest", "tfidf", "tokenize", "label_embedding_pifa_tfidf", "cluster", "lightxml_train",
+                 "lightxml_predict", "evaluate"):
+        assert rule in by_rule, rule
+    assert all("gpu=1" in blk for rule in ("lightxml_train", "lightxml_predict") for blk in by_rule[rule])
+    train = by_rule["lightxml_train"][0]
+    assert "index/pifa-tfidf/tree-b2-l60-s0.npz" in train and "lightxml/tree-b2-l60-s0/bert_base-128" in train
+    params = json.loads(train.split("--params '", 1)[1].split("'", 1)[0])
+    assert params["encoder"] == "bert-base-uncased" and params["hidden"] == 500 and params["topb"] == 32
+    assert params["train"]["epochs"] == 10 and params["train"]["batch_size"] == 32
+    assert params["train"]["schedule"] == "constant" and params["allow_cpu_fallback"] is False
+    sizes = paper["datasets"]["wiki500k"]["resources"]
+    assert f"mem_mb={sizes['lightxml_train']['mem_mb']}" in train
+
 NEURAL_TINY = {
     "xtransformer": {
         "cluster": {"branching": 2, "leaf_size": 2},
@@ -196,12 +221,19 @@ NEURAL_TINY = {
         "eval_every": 0,
         "ensemble_seeds": [0, 1],
     },
+    # the clustered mode (4 clusters of 2 labels, candidates from the top 3) rather than the flat
+    # one the toy's 8 labels would get (tests/test_lightxml.py runs both through the CLI)
+    "lightxml": {
+        "max_length": 16, "flat_max_labels": 4, "cluster": {"leaf_size": 2}, "topb": 3, "hidden": 32,
+        "dropout": 0.1, "eval_every": 0, "swa_start": 1.0,
+        "train": {"epochs": 5, "batch_size": 8, "lr": 3.0e-4, "checkpoint_every": 50},
+    },
 }
 
 
 NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
                   "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
-                  "results/toy/elias-ensemble.json"]
+                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json"]
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +251,8 @@ def neural_toy_run(tmp_path_factory):
 @pytest.mark.timeout(1800)
 def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     """X-Transformer (two Table 5 variants, the paper's candidates, the validation table) and ELIAS++
-    (alone and ensembled over two clustering seeds) through the DAG: MiniLM, 16 tokens, a few steps.
+    (alone and ensembled over two clustering seeds) and LightXML (clustered mode) through the DAG:
+    MiniLM, 16 tokens, a few steps.
 
     One thread per job lets two tiny jobs run at once.  Covered elsewhere, so not run here: the
     elias-stage1 target (tests/test_slurm.py runs it locally and under SLURM) and the plan of an
@@ -236,6 +269,9 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     full = json.loads((tmp_path / "results/toy/elias.json").read_text())
     rules = {s["rule"] for s in full["stages"]}
     assert {"elias_stage1", "elias_stage2", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict"} <= rules
+    lx = json.loads((tmp_path / "results/toy/lightxml.json").read_text())
+    assert {"lightxml_train", "lightxml_predict"} <= {s["rule"] for s in lx["stages"]}
+    assert next((tmp_path / "results/toy/lightxml").glob("tree-b2-l2-s0/minilm-16/curve.png")).stat().st_size > 0
     ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     assert any(s["rule"] == "elias_ensemble" for s in ens["stages"])

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .layout import split_method
 from .stage import StageError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.json"
@@ -30,6 +31,7 @@ _TREE = _BASE + ["tfidf", "cluster"]
 _ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train", "elias.stage1",
                   "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
 _XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"]
+_LIGHTXML = _TREE + ["encoders.{enc}", "lightxml"]
 RULE_SETTINGS: dict[str, list[str]] = {
     "ingest": _BASE,
     "tfidf": _BASE + ["tfidf"],
@@ -58,6 +60,8 @@ RULE_SETTINGS: dict[str, list[str]] = {
     "elias_plus_calibrate": _TREE + ["encoders.{enc}", "elias"],
     "elias_plus_predict": _TREE + ["encoders.{enc}", "elias"],
     "elias_ensemble": _TREE + ["encoders", "elias"],
+    "lightxml_train": _LIGHTXML,
+    "lightxml_predict": _LIGHTXML,
 }
 
 #: The settings sections each method depends on (for the config hash).
@@ -66,6 +70,7 @@ METHOD_SECTIONS: dict[str, list[str]] = {
     "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
     "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "xtransformer", "evaluate"],
     "elias": ["split", "ingest", "tfidf", "cluster", "encoders", "elias", "evaluate"],
+    "lightxml": ["split", "ingest", "tfidf", "cluster", "encoders", "lightxml", "evaluate"],
 }
 
 
@@ -154,7 +159,8 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
 def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(dotted key, encoder key)`` of every place a settings block names an encoder."""
     refs = [("tokenize.encoder", settings.get("tokenize", {}).get("encoder")),
-            ("elias.encoder", settings.get("elias", {}).get("encoder"))]
+            ("elias.encoder", settings.get("elias", {}).get("encoder")),
+            ("lightxml.encoder", settings.get("lightxml", {}).get("encoder"))]
     refs += [(f"xtransformer.encoders[{i}]", k)
              for i, k in enumerate(settings.get("xtransformer", {}).get("encoders") or [])]
     return [(where, k) for where, k in refs if k is not None]
@@ -221,7 +227,7 @@ def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dict[str, Any]:
     """The sections of the effective settings that ``method`` depends on."""
     s = dataset_settings(config, dataset)
-    base = next((b for b in ("xtransformer", "elias") if method.startswith(b)), method)
+    base, _ = split_method(method)
     sections = METHOD_SECTIONS.get(base, sorted(s))
     return {k: s[k] for k in sections if k in s} | {"threads": s.get("threads")}
 

@@ -18,6 +18,8 @@ computed once and reused across methods and variants:
   (``linear-{fit}``, ``fit`` = ``train`` or ``train+valid``); ``XT_ENSEMBLE``; ``XT_SELECTION``
 * an ELIAS model (one clustering seed): ``ELIAS`` ``elias/{tree}/{enc}-{maxlen}/`` with
   ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++); ``ELIAS_ENSEMBLE``
+* a LightXML model (one clustering seed): ``LIGHTXML`` ``lightxml/{tree}/{enc}-{maxlen}/`` (the model,
+  ``predictions_test.parquet``); its clusters are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``
 * a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
   snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
@@ -54,6 +56,7 @@ ELIAS = "{dataset}/elias/{tree}/{enc}-{maxlen}"
 ELIAS_STAGE = ELIAS + "/stage{stage}"
 ELIAS_PLUS = ELIAS + "/plus"
 ELIAS_ENSEMBLE = "{dataset}/elias/ensemble-{variant}"
+LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}"
 METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
 CONFIG = "{dataset}/config/{method}.json"
 RECORDS = "{dataset}/records"
@@ -154,9 +157,13 @@ def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMembe
             for ix in spec["indexing"] for enc in spec["encoders"]]
 
 
+#: methods whose targets have variants (``<method>-<variant>``)
+VARIANT_METHODS = ("xtransformer", "elias", "lightxml")
+
+
 def split_method(method: str) -> tuple[str, str | None]:
     """``xtransformer-foo`` -> (``xtransformer``, ``foo``); ``xr-linear`` -> (``xr-linear``, None)."""
-    for base in ("xtransformer", "elias"):
+    for base in VARIANT_METHODS:
         if method == base:
             return base, None
         if method.startswith(base + "-"):
@@ -255,3 +262,34 @@ def elias_records(res: str, dataset: str, settings: Mapping[str, Any], variant: 
     if variant in (None, "ensemble") and len(seeds) > 1:
         out.append(at(res, ELIAS_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/record.json")
     return list(dict.fromkeys(out))
+
+
+# --------------------------------------------------------------------------- LightXML
+
+
+def lightxml_tree(settings: Mapping[str, Any]) -> str:
+    """The tree whose finest level gives LightXML's clusters: balanced 2-means down to ``leaf_size``."""
+    c = settings["lightxml"]["cluster"]
+    return tree_name({"branching": 2, "leaf_size": c["leaf_size"]}, c["seed"])
+
+
+def lightxml_dir(res: str, dataset: str, settings: Mapping[str, Any]) -> str:
+    lx = settings["lightxml"]
+    return at(res, LIGHTXML, dataset=dataset, tree=lightxml_tree(settings), enc=lx["encoder"], maxlen=lx["max_length"])
+
+
+def lightxml_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    if variant is not None:
+        raise KeyError(f"unknown lightxml variant '{variant}' (none yet)")
+    return lightxml_dir(res, dataset, settings) + "/predictions_test.parquet"
+
+
+def lightxml_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    """Every stage record of a LightXML target (for its results file)."""
+    lx = settings["lightxml"]
+    d = lightxml_dir(res, dataset, settings)
+    lightxml_predictions(res, dataset, settings, variant)
+    return [f"{tokens_dir(res, dataset, lx['encoder'], lx['max_length'])}/record.json",
+            at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/label_emb.record.json",
+            at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=lightxml_tree(settings)) + ".record.json",
+            f"{d}/record.json", f"{d}/predict.record.json"]
