@@ -61,6 +61,24 @@ def test_helpers_are_the_patterns_filled():
         layout.elias_seeds(s, "nope")
 
 
+def test_lightxml_members_variants_and_records():
+    s = config.dataset_settings(config.load(ROOT / "config.yaml"), "debtags")
+    (m,) = layout.lightxml_members(s, None)
+    d = "r/d/lightxml/tree-b2-l64-s0/minilm-64/dynamic"
+    assert m.dir("r", "d") == d == layout.at("r", layout.LIGHTXML, dataset="d", tree=m.tree, enc="minilm", maxlen=64,
+                                             sampling="dynamic")
+    assert layout.lightxml_predictions("r", "d", s, None) == d + "/predictions_test.parquet"
+    assert layout.lightxml_predictions("r", "d", s, "static") == d.replace("dynamic", "static") + "/predictions_test.parquet"
+    ens = layout.lightxml_members(s, "ensemble")
+    assert [x.tree for x in ens] == [f"tree-b2-l64-s{i}" for i in range(3)] and ens[0] == m   # member 0 is the main model
+    assert layout.lightxml_predictions("r", "d", s, "ensemble") == "r/d/lightxml/ensemble-ensemble/predictions_test.parquet"
+    rec = layout.lightxml_records("r", "d", s, "ensemble")
+    assert sum(r.endswith("/dynamic/record.json") for r in rec) == 3 and rec[-1].endswith("ensemble-ensemble/record.json")
+    assert "r/d/features/tokens/minilm-64/record.json" in rec and len(rec) == len(set(rec))
+    with pytest.raises(KeyError, match="unknown lightxml variant"):
+        layout.lightxml_predictions("r", "d", s, "nope")
+
+
 def test_rules_spell_no_results_path_themselves():
     """The rule files build every results path from a layout pattern (R(lay.X)), none by hand."""
     offenders = []

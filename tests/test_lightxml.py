@@ -11,6 +11,8 @@ from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import io, lightxml
 from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
+from xmc_steps import neural
+from xmc_steps.lightxml.train import train_lightxml
 from xmc_steps.trainer import TrainParams, lr_factor
 
 
@@ -236,3 +238,40 @@ def test_cli_fails_loudly_when_nothing_was_learned(tiny, tmp_path, capsys):
     params["allow_weak"] = True
     argv[argv.index("--params") + 1] = json.dumps(params)
     assert cli_main(lightxml.main, argv) == 0 and (out / "model.safetensors").exists()
+
+
+def test_static_negatives_are_drawn_once_after_the_generator_phase(tiny, tmp_path, monkeypatch):
+    """negatives: static trains L_g alone until the switch, draws every text's clusters once, then
+    trains Eq. 6 on those clusters (never re-drawn); dynamic re-draws at every step."""
+    torch.set_num_threads(1)
+    d = _write_toy(tmp_path, n_train=32, n_valid=8)
+    tokens = neural.TokenData.load(d / "tokens_train.npz")
+    Y = io.load_csr(d / "Y_train.npz")
+    cluster_of = np.arange(8) // 2
+    params = lightxml.LightXMLParams(encoder=tiny, last_k=2, topb=1, hidden=8, negatives="static", static_switch=0.5,
+                                     eval_every=0, device="cpu", swa_start=1.0,
+                                     train=TrainParams(steps=6, batch_size=8, lr=1e-3, schedule="constant",
+                                                       warmup_steps=0, log_every=1)).resolved(32)
+    assert params.static_step() == 3
+    torch.manual_seed(0)
+    model = lightxml.build_model(params, 8, cluster_of, 4)
+    draws, logs = [], {}
+    real = lightxml.train.draw_top_clusters
+
+    def counting(*a, **k):
+        draws.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(lightxml.train, "draw_top_clusters", counting)
+    train_lightxml(model, tokens, Y, params, tmp_path / "ck", on_step=lambda step, lg: logs.update({step: lg}))
+    assert len(draws) == 1
+    assert [logs[t]["loss_d"] for t in (1, 2, 3)] == [0.0, 0.0, 0.0]          # the generator alone
+    assert all(logs[t]["loss_d"] > 0 for t in (4, 5, 6))
+    # resuming the finished run keeps the drawn clusters (they are in the checkpoint): no second draw
+    model2 = lightxml.build_model(params, 8, cluster_of, 4)
+    train_lightxml(model2, tokens, Y, params, tmp_path / "ck")
+    assert len(draws) == 1
+    # the flat model has no negatives to draw
+    flat = lightxml.build_model(params, 8, None, None)
+    with pytest.raises(ValueError, match="static negatives need label clusters"):
+        train_lightxml(flat, tokens, Y, params, None)

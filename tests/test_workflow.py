@@ -183,21 +183,28 @@ def test_wiki500k_lightxml_paper_plan_has_gpu_training_rules(tmp_path):
 
     write_raw_dataset(tmp_path / "data" / "wiki500k", [("x", ["1"])], [("y", ["1"])])
     paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())
-    r = _run(tmp_path, "results/wiki500k/lightxml.json", extra=["-n", "-p", "--cores", "8"], overrides=paper)
+    r = _run(tmp_path, "results/wiki500k/lightxml.json", "results/wiki500k/lightxml-ensemble.json",
+             "results/wiki500k/lightxml-static.json", extra=["-n", "-p", "--cores", "8"], overrides=paper)
     out = r.stdout + r.stderr
     by_rule = {}
     for blk in out.split("\nrule ")[1:]:
         by_rule.setdefault(blk.split(":", 1)[0].strip(), []).append(blk)
     for rule in ("ingest", "tfidf", "tokenize", "label_embedding_pifa_tfidf", "cluster", "lightxml_train",
-                 "lightxml_predict", "evaluate"):
+                 "lightxml_predict", "lightxml_ensemble", "evaluate"):
         assert rule in by_rule, rule
+    # the single model is the ensemble's first member; three clusterings (Table 4 / §Experiment settings) + static
+    assert len(by_rule["lightxml_train"]) == 4
+    trains = sorted(blk.split("--out ", 1)[1].split()[0].rsplit("/lightxml/", 1)[1] for blk in by_rule["lightxml_train"])
+    assert trains == ["tree-b2-l60-s0/bert_base-128/dynamic", "tree-b2-l60-s0/bert_base-128/static",
+                      "tree-b2-l60-s1/bert_base-128/dynamic", "tree-b2-l60-s2/bert_base-128/dynamic"]
     assert all("gpu=1" in blk for rule in ("lightxml_train", "lightxml_predict") for blk in by_rule[rule])
-    train = by_rule["lightxml_train"][0]
+    train = next(b for b in by_rule["lightxml_train"] if "tree-b2-l60-s0/bert_base-128/dynamic" in b)
     assert "index/pifa-tfidf/tree-b2-l60-s0.npz" in train and "lightxml/tree-b2-l60-s0/bert_base-128" in train
     params = json.loads(train.split("--params '", 1)[1].split("'", 1)[0])
     assert params["encoder"] == "bert-base-uncased" and params["hidden"] == 500 and params["topb"] == 32
     assert params["train"]["epochs"] == 10 and params["train"]["batch_size"] == 32
     assert params["train"]["schedule"] == "constant" and params["allow_cpu_fallback"] is False
+    assert params["negatives"] == "dynamic" and params["train"]["seed"] == 0 and "ensemble" not in params
     sizes = paper["datasets"]["wiki500k"]["resources"]
     assert f"mem_mb={sizes['lightxml_train']['mem_mb']}" in train
 

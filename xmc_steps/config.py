@@ -62,6 +62,7 @@ RULE_SETTINGS: dict[str, list[str]] = {
     "elias_ensemble": _TREE + ["encoders", "elias"],
     "lightxml_train": _LIGHTXML,
     "lightxml_predict": _LIGHTXML,
+    "lightxml_ensemble": _TREE + ["encoders", "lightxml"],
 }
 
 #: The settings sections each method depends on (for the config hash).
@@ -163,6 +164,8 @@ def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
             ("lightxml.encoder", settings.get("lightxml", {}).get("encoder"))]
     refs += [(f"xtransformer.encoders[{i}]", k)
              for i, k in enumerate(settings.get("xtransformer", {}).get("encoders") or [])]
+    refs += [(f"lightxml.ensemble.encoders[{i}]", k)
+             for i, k in enumerate(settings.get("lightxml", {}).get("ensemble", {}).get("encoders") or [])]
     return [(where, k) for where, k in refs if k is not None]
 
 

@@ -18,8 +18,9 @@ computed once and reused across methods and variants:
   (``linear-{fit}``, ``fit`` = ``train`` or ``train+valid``); ``XT_ENSEMBLE``; ``XT_SELECTION``
 * an ELIAS model (one clustering seed): ``ELIAS`` ``elias/{tree}/{enc}-{maxlen}/`` with
   ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++); ``ELIAS_ENSEMBLE``
-* a LightXML model (one clustering seed): ``LIGHTXML`` ``lightxml/{tree}/{enc}-{maxlen}/`` (the model,
-  ``predictions_test.parquet``); its clusters are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``
+* a LightXML model (one clustering and training seed): ``LIGHTXML`` ``lightxml/{tree}/{enc}-{maxlen}/{sampling}/``
+  (``sampling``: ``dynamic`` or ``static`` negatives; the model, ``predictions_test.parquet``); its clusters
+  are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``; ``LIGHTXML_ENSEMBLE``
 * a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
   snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
@@ -56,7 +57,8 @@ ELIAS = "{dataset}/elias/{tree}/{enc}-{maxlen}"
 ELIAS_STAGE = ELIAS + "/stage{stage}"
 ELIAS_PLUS = ELIAS + "/plus"
 ELIAS_ENSEMBLE = "{dataset}/elias/ensemble-{variant}"
-LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}"
+LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}/{sampling}"
+LIGHTXML_ENSEMBLE = "{dataset}/lightxml/ensemble-{variant}"
 METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
 CONFIG = "{dataset}/config/{method}.json"
 RECORDS = "{dataset}/records"
@@ -266,30 +268,60 @@ def elias_records(res: str, dataset: str, settings: Mapping[str, Any], variant: 
 
 # --------------------------------------------------------------------------- LightXML
 
+#: the LightXML targets beside ``lightxml`` (one model): ``lightxml-ensemble`` (one model per encoder x
+#: seed of ``lightxml.ensemble``) and ``lightxml-static`` (Table 5's "S": negatives from a generator
+#: trained first, then frozen)
+LIGHTXML_VARIANTS = ("ensemble", "static")
 
-def lightxml_tree(settings: Mapping[str, Any]) -> str:
+
+@dataclass(frozen=True)
+class LightXMLMember:
+    """One LightXML model: its clusters (a tree; the tree's seed is also the training seed), an
+    encoder key and the negative sampling (``dynamic`` | ``static``)."""
+
+    tree: str
+    enc: str
+    maxlen: int
+    sampling: str = "dynamic"
+
+    def dir(self, res: str, dataset: str) -> str:
+        return at(res, LIGHTXML, dataset=dataset, tree=self.tree, enc=self.enc, maxlen=self.maxlen,
+                  sampling=self.sampling)
+
+
+def lightxml_tree(settings: Mapping[str, Any], seed: int | None = None) -> str:
     """The tree whose finest level gives LightXML's clusters: balanced 2-means down to ``leaf_size``."""
     c = settings["lightxml"]["cluster"]
-    return tree_name({"branching": 2, "leaf_size": c["leaf_size"]}, c["seed"])
+    return tree_name({"branching": 2, "leaf_size": c["leaf_size"]}, c["seed"] if seed is None else seed)
 
 
-def lightxml_dir(res: str, dataset: str, settings: Mapping[str, Any]) -> str:
+def lightxml_members(settings: Mapping[str, Any], variant: str | None) -> list[LightXMLMember]:
     lx = settings["lightxml"]
-    return at(res, LIGHTXML, dataset=dataset, tree=lightxml_tree(settings), enc=lx["encoder"], maxlen=lx["max_length"])
+    if variant is not None and variant not in LIGHTXML_VARIANTS:
+        raise KeyError(f"unknown lightxml variant '{variant}' (known: {', '.join(LIGHTXML_VARIANTS)})")
+    if variant == "ensemble":
+        ens = lx["ensemble"]
+        return [LightXMLMember(lightxml_tree(settings, seed), enc, lx["max_length"])
+                for enc in ens["encoders"] for seed in ens["seeds"]]
+    return [LightXMLMember(lightxml_tree(settings), lx["encoder"], lx["max_length"],
+                           "static" if variant == "static" else "dynamic")]
 
 
 def lightxml_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
-    if variant is not None:
-        raise KeyError(f"unknown lightxml variant '{variant}' (none yet)")
-    return lightxml_dir(res, dataset, settings) + "/predictions_test.parquet"
+    members = lightxml_members(settings, variant)
+    if len(members) == 1:
+        return members[0].dir(res, dataset) + "/predictions_test.parquet"
+    return at(res, LIGHTXML_ENSEMBLE, dataset=dataset, variant=variant) + "/predictions_test.parquet"
 
 
 def lightxml_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
     """Every stage record of a LightXML target (for its results file)."""
-    lx = settings["lightxml"]
-    d = lightxml_dir(res, dataset, settings)
-    lightxml_predictions(res, dataset, settings, variant)
-    return [f"{tokens_dir(res, dataset, lx['encoder'], lx['max_length'])}/record.json",
-            at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/label_emb.record.json",
-            at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=lightxml_tree(settings)) + ".record.json",
-            f"{d}/record.json", f"{d}/predict.record.json"]
+    members = lightxml_members(settings, variant)
+    out = [at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/label_emb.record.json"]
+    for m in members:
+        out += [f"{tokens_dir(res, dataset, m.enc, m.maxlen)}/record.json",
+                at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=m.tree) + ".record.json",
+                f"{m.dir(res, dataset)}/record.json", f"{m.dir(res, dataset)}/predict.record.json"]
+    if len(members) > 1:
+        out.append(at(res, LIGHTXML_ENSEMBLE, dataset=dataset, variant=variant) + "/record.json")
+    return list(dict.fromkeys(out))

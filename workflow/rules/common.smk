@@ -44,6 +44,7 @@ wildcard_constraints:
     seed=r"\d+",
     rin=r"tfidf|tfidf\+neural",
     neg=r"tfn|man|tfn\+man",
+    sampling=r"dynamic|static",
     variant=r"[A-Za-z0-9_.-]+",
     fit=r"train|train\+valid|valid\+train",
     cand=r"matcher|union|linear",

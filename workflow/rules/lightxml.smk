@@ -1,12 +1,16 @@
-# LightXML: one model (encoder + generator + discriminator) trained end to end, then its test
-# predictions.  One model folder per clustering seed:
-#   results/{dataset}/lightxml/tree-b2-l{leaf}-s{seed}/{enc}-{maxlen}/ (layout.LIGHTXML)
+# LightXML: one model (encoder + generator + discriminator) trained end to end, its test
+# predictions, and the ensemble of several.  One model folder per clustering (and training) seed,
+# encoder and negative sampling:
+#   results/{dataset}/lightxml/tree-b2-l{leaf}-s{seed}/{enc}-{maxlen}/{sampling}/ (layout.LIGHTXML)
 
 
 def lightxml_params(w):
     lx = dict(S(w)["lightxml"])
-    lx.pop("cluster")                   # the clusters come in as the tree file
-    return json.dumps({**lx, "encoder": ENC(w), "max_length": int(w.maxlen)}, sort_keys=True)
+    for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; members are their own jobs
+        lx.pop(k)
+    seed = int(w.tree.rsplit("-s", 1)[1])   # a member's clustering seed is its training seed
+    return json.dumps({**lx, "encoder": ENC(w), "max_length": int(w.maxlen), "negatives": w.sampling,
+                       "train": {**lx["train"], "seed": seed}}, sort_keys=True)
 
 
 rule lightxml_train:
@@ -21,7 +25,7 @@ rule lightxml_train:
         curve=R(lay.LIGHTXML) + "/curve.png",
         record=R(lay.LIGHTXML) + "/record.json",
     log:
-        "logs/lightxml_train/{dataset}-{tree}-{enc}-{maxlen}.log",
+        "logs/lightxml_train/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
         settings=lightxml_params,
         hash=H("lightxml_train"),
@@ -49,7 +53,7 @@ rule lightxml_predict:
         predictions=R(lay.LIGHTXML) + "/predictions_test.parquet",
         record=R(lay.LIGHTXML) + "/predict.record.json",
     log:
-        "logs/lightxml_predict/{dataset}-{tree}-{enc}-{maxlen}.log",
+        "logs/lightxml_predict/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "device": S(w)["lightxml"]["device"],
                                        "allow_cpu_fallback": S(w)["lightxml"]["allow_cpu_fallback"],
@@ -66,3 +70,29 @@ rule lightxml_predict:
     shell:
         "{PY} -m xmc_steps.lightxml predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --method lightxml --threads {threads} " + STAGE_ARGS
+
+
+rule lightxml_ensemble:
+    """Ensemble of LightXML models (the paper: three encoders on small label sets, three clusterings on large)."""
+    input:
+        members=lambda w: [m.dir(RES, w.dataset) + "/predictions_test.parquet"
+                           for m in lay.lightxml_members(S(w), w.variant)],
+        labels=R(lay.INGEST) + "/labels.parquet",
+    output:
+        predictions=R(lay.LIGHTXML_ENSEMBLE) + "/predictions_test.parquet",
+        record=R(lay.LIGHTXML_ENSEMBLE) + "/record.json",
+    log:
+        "logs/lightxml_ensemble/{dataset}-{variant}.log",
+    params:
+        settings=lambda w: json.dumps({"method": S(w)["lightxml"]["ensemble"]["method"],
+                                       "topk": S(w)["evaluate"]["topk"]}),
+        hash=H("lightxml_ensemble"),
+    threads: 1
+    resources:
+        mem_mb=res("lightxml_ensemble", "mem_mb", 8000),
+        runtime=res("lightxml_ensemble", "runtime", 30),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
+        "--out {output.predictions} --method lightxml " + STAGE_ARGS

@@ -34,6 +34,26 @@ Model (:class:`LightXMLModel`)
 * Prediction: ``p_l = G(e)_{g_c(l)} * D(e, M)_l`` over the candidates of the top-``topb``
   clusters (no positives added); flat: ``p = G(e)``.  The top ``topk`` (100) are written.
 
+Static negatives (``negatives: static``, the ``lightxml-static`` target: Table 5's "S")
+-------------------------------------------------------------------------------------
+The paper compares its dynamic negatives with static ones "from a generator trained first"; its
+two sentences on how (S: "trained label recalling with the freeze text representation of trained
+label ranking") do not say where the ranking part's negatives come from.  Our reading isolates
+exactly what the table measures, the negatives: the generator (with the encoder) trains alone
+with ``L_g`` for the first ``static_switch`` (0.5) of the steps; then the top-``topb`` clusters
+of every training text are drawn once from it (eval mode) and kept (in the checkpoint), and the
+rest of the run trains Eq. 6 as usual except that the candidates are those drawn clusters (plus
+the positives) instead of a fresh draw.  The generator keeps learning from ``L_g``, so prediction
+is the same ``G x D`` as the dynamic model's and the model has the same size.  Static negatives
+need clusters: a model with one label per cluster draws no negatives (the stage says so).
+
+Ensembles (``lightxml-ensemble``)
+---------------------------------
+One model per encoder x seed of ``lightxml.ensemble`` (the paper: three encoders for the small
+label sets, three clusterings for the large ones), their test predictions averaged by
+:mod:`xmc_steps.ensemble`.  A member's seed is both its clustering seed and its training seed
+(data order, initialisation), so seeds differ even where there are no clusters.
+
 Training
 --------
 AdamW, one learning rate for every part (``train.lr``, 1e-4 constant: ``train.schedule:

@@ -90,12 +90,17 @@ def _train_main(args: argparse.Namespace) -> None:
             raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
         except ValueError as e:   # e.g. last_k beyond the encoder's layers
             raise StageError(f"encoder '{params.encoder}': {e} (lightxml.last_k)") from e
+        if params.negatives == "static" and model.flat:
+            raise StageError(f"static negatives need label clusters, but {L} labels <= flat_max_labels = "
+                             f"{params.flat_max_labels} give one label per cluster (every label scored, no negatives "
+                             "drawn): set lightxml.flat_max_labels below the label count for a clustered comparison")
         swa_first, swa_every = params.swa_schedule(len(tokens["train"]))
-        st.log.info("lightxml: encoder %s ([CLS] of the last %d layers, dropout %g), L = %d, %s, %d steps "
+        st.log.info("lightxml: encoder %s ([CLS] of the last %d layers, dropout %g), L = %d, %s, %s negatives, %d steps "
                     "(batch %d, lr %g, %s), weight average from step %d every %d, %d train / %d valid documents",
                     params.encoder, params.last_k, params.dropout, L,
                     "one label per cluster (generator only)" if model.flat else
                     f"K = {K} clusters of <= {model.cluster_labels.shape[1]} labels, top-{model.topb}, hidden {model.hidden}",
+                    params.negatives if params.negatives == "dynamic" else f"static (drawn after step {params.static_step()})",
                     params.train.steps, params.train.batch_size, params.train.lr, params.train.schedule,
                     swa_first, swa_every, len(tokens["train"]), len(tokens["valid"]))
         curve: dict[int, float] = {}

@@ -94,20 +94,26 @@ class LightXMLModel(nn.Module):
         M = self.label_emb(labels.clamp(min=0))                               # B x S x b (Eq. 3)
         return torch.bmm(M, h.unsqueeze(-1)).squeeze(-1).float()
 
+    def top_clusters(self, g: torch.Tensor) -> torch.Tensor:
+        """The top-``topb`` clusters by the generator's logits ``g`` (``B x b``)."""
+        return torch.topk(g.detach().float(), self.topb, dim=1).indices
+
     def candidates(self, g: torch.Tensor, pos_rows: torch.Tensor | None = None,
-                   pos_labels: torch.Tensor | None = None) -> Candidates:
+                   pos_labels: torch.Tensor | None = None, top: torch.Tensor | None = None) -> Candidates:
         """Eq. 2: the labels of the top-``topb`` clusters by ``G(e)`` (from ``g``, the generator's
-        logits, re-read at every call: the negatives are dynamic); in training (positives given)
-        the positives are added (see the package docstring for ``train_candidates``)."""
+        logits, re-read at every call: the negatives are dynamic), or of the given clusters ``top``
+        (``B x b``: the static negatives drawn once); in training (positives given) the positives are
+        added (see the package docstring for ``train_candidates``)."""
         B, dev, L = g.shape[0], g.device, self.n_labels
         prob = torch.sigmoid(g.detach().float())
         training = pos_rows is not None
-        order = prob
-        if training and self.train_candidates == "positive-clusters":
-            gold = torch.zeros_like(prob)
-            gold[pos_rows, self.cluster_of[pos_labels]] = 1.0
-            order = prob + gold                                               # gold clusters first
-        top = torch.topk(order, self.topb, dim=1).indices                     # B x b
+        if top is None:
+            order = prob
+            if training and self.train_candidates == "positive-clusters":
+                gold = torch.zeros_like(prob)
+                gold[pos_rows, self.cluster_of[pos_labels]] = 1.0
+                order = prob + gold                                           # gold clusters first
+            top = torch.topk(order, self.topb, dim=1).indices                 # B x b
         s = self.cluster_labels.shape[1]
         labels = self.cluster_labels[top].reshape(B, -1)                      # B x (b s)
         cscore = prob.gather(1, top).unsqueeze(-1).expand(B, self.topb, s).reshape(B, -1)
@@ -142,15 +148,17 @@ class LightXMLModel(nn.Module):
         e = self.represent(input_ids, attention_mask)
         return self.loss(e, pos_rows, pos_labels)
 
-    def loss(self, e: torch.Tensor, pos_rows: torch.Tensor, pos_labels: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def loss(self, e: torch.Tensor, pos_rows: torch.Tensor, pos_labels: torch.Tensor, top: torch.Tensor | None = None,
+             generator_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(L_g + L_d, L_g, L_d)``; ``top``: given candidate clusters (static negatives);
+        ``generator_only``: ``L_g`` alone (the first phase of static negatives)."""
         g = self.generator(e).float()
         y_g = torch.zeros_like(g)
         y_g[pos_rows, pos_labels if self.flat else self.cluster_of[pos_labels]] = 1.0
         loss_g = F.binary_cross_entropy_with_logits(g, y_g)                   # Eq. 1 (mean over B x K)
-        if self.flat:
+        if self.flat or generator_only:
             return loss_g, loss_g.detach(), torch.zeros((), device=g.device)
-        c = self.candidates(g, pos_rows, pos_labels)
+        c = self.candidates(g, pos_rows, pos_labels, top)
         d = self.label_logits(e, c.labels)
         valid = c.labels >= 0
         loss_d = F.binary_cross_entropy_with_logits(d[valid], c.target[valid].float())  # Eq. 5 (mean)

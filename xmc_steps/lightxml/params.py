@@ -15,6 +15,7 @@ TRAIN_DEFAULTS = {"epochs": 3.0, "batch_size": 16, "lr": 1e-4, "schedule": "cons
 #: how the training candidates are completed with the positives (see the package docstring)
 TRAIN_CANDIDATES = ("positives", "positive-clusters")
 BOTTLENECKS = ("sigmoid", "linear")
+NEGATIVES = ("dynamic", "static")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class LightXMLParams(Params):
     topb: int = 10                    # clusters the generator keeps per text (training and prediction)
     train_candidates: str = "positives"  # positives (the paper) | positive-clusters (the authors' code)
     bottleneck: str = "sigmoid"       # sigmoid (Eq. 4) | linear (the authors' code)
+    negatives: str = "dynamic"        # dynamic (the method) | static (Table 5's ablation, see the package docstring)
+    static_switch: float = 0.5        # static: the fraction of the steps the generator trains alone before the draw
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
     swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
@@ -58,6 +61,10 @@ class LightXMLParams(Params):
         if self.train_candidates not in TRAIN_CANDIDATES:
             raise ValueError(f"train_candidates must be one of {', '.join(TRAIN_CANDIDATES)}, "
                              f"got {self.train_candidates!r}")
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"negatives must be one of {', '.join(NEGATIVES)}, got {self.negatives!r}")
+        if not 0.0 < self.static_switch < 1.0:
+            raise ValueError(f"static_switch must be a fraction in (0, 1), got {self.static_switch}")
         if self.bottleneck not in BOTTLENECKS:
             raise ValueError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         if self.train.lr is None:
@@ -82,3 +89,10 @@ class LightXMLParams(Params):
         if self.swa_start >= 1.0:
             return steps + 1, every
         return int(round(self.swa_start * steps)) + 1, every
+
+    def static_step(self) -> int | None:
+        """Static negatives: the step after which they are drawn (the generator trained alone until
+        then); ``None`` for dynamic negatives."""
+        if self.negatives != "static":
+            return None
+        return min(max(1, int(round(self.static_switch * int(self.train.steps)))), int(self.train.steps) - 1)

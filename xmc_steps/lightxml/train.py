@@ -19,10 +19,25 @@ from .params import LightXMLParams
 
 
 class _TrainBox(nn.Module):
-    def __init__(self, model: LightXMLModel, swa: WeightAverage):
+    """What a checkpoint holds: the model, its weight average and, for static negatives, the
+    clusters drawn once for every training text (``static_top``, ``-1`` until drawn)."""
+
+    def __init__(self, model: LightXMLModel, swa: WeightAverage, n_static: int = 0):
         super().__init__()
         self.lightxml = model
         self.swa = swa
+        self.register_buffer("static_top", torch.full((n_static, model.topb if n_static else 0), -1, dtype=torch.long))
+
+
+@torch.no_grad()
+def draw_top_clusters(model: LightXMLModel, tokens: neural.TokenData, batch_size: int, device: torch.device | str,
+                      amp: str = "auto", progress: Callable[..., Any] | None = None) -> np.ndarray:
+    """The generator's top-``topb`` clusters for every text (``N x b``), in eval mode (no dropout)."""
+    out = np.zeros((len(tokens), model.topb), dtype=np.int64)
+    fn = lambda ids, mask: model.top_clusters(model.generator(model.represent(ids, mask)))  # noqa: E731
+    for idx, top in neural.run_inference(fn, model, tokens, batch_size, device, amp, progress, what="static negatives"):
+        out[idx] = top.cpu().numpy()
+    return out
 
 
 def valid_metrics(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
@@ -72,8 +87,13 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     groups = param_groups({"encoder": (model.encoder, tp.lr), "heads": (heads, tp.lr)}, tp.weight_decay)
     swa = WeightAverage(model)
     swa_first, swa_every = params.swa_schedule(n)
-    box = _TrainBox(model, swa)
+    static_at = params.static_step()
+    if static_at is not None and model.flat:
+        raise ValueError("static negatives need label clusters: with one label per cluster every label is scored "
+                         "(set flat_max_labels below the number of labels for a clustered model)")
+    box = _TrainBox(model, swa, n if static_at is not None else 0)
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
+          "negatives": params.negatives, "static_step": static_at,
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices)}
     if not model.flat:
         fp["clusters"] = digest(model.cluster_of.cpu().numpy())
@@ -89,7 +109,18 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
             sub = np.sort(np.random.default_rng(tp.seed).choice(len(vt), params.eval_max_docs, replace=False))
             vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
 
+    def draw() -> None:
+        log.info("static negatives: drawing the top-%d clusters of %d training texts once, from the generator after "
+                 "step %d", model.topb, n, trainer.step)
+        box.static_top.copy_(torch.from_numpy(draw_top_clusters(model, tokens, params.eval_batch_size, trainer.device,
+                                                                params.amp, log.info)))
+
+    if static_at is not None and trainer.step >= static_at and int(box.static_top[0, 0]) < 0:
+        draw()   # a resumed run whose checkpoint predates the draw's completion
+
     def step_end(step: int) -> dict[str, float] | None:
+        if static_at is not None and step == static_at:
+            draw()
         if step >= swa_first and (step - swa_first) % swa_every == 0:
             swa.update(model)
         if vt is None or (step % params.eval_every and step != tp.steps):
@@ -102,11 +133,20 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         ids, mask = tokens.batch(idx)
         sub = Y[idx]
         rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
-        return ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
+        batch = [ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))]
+        if static_at is not None and trainer.step >= static_at:
+            batch.append(box.static_top[torch.from_numpy(idx).to(box.static_top.device)].clone())
+        return tuple(batch)
 
     def loss_fn(m: _TrainBox, batch):
-        ids, mask, rows, labels = batch
-        loss, lg, ld = m.lightxml(ids, mask, rows, labels)
+        ids, mask, rows, labels = batch[:4]
+        e = m.lightxml.represent(ids, mask)
+        if static_at is None:
+            loss, lg, ld = m.lightxml.loss(e, rows, labels)
+        elif len(batch) == 4:                       # static, first phase: the generator alone
+            loss, lg, ld = m.lightxml.loss(e, rows, labels, generator_only=True)
+        else:                                       # static, second phase: the drawn clusters
+            loss, lg, ld = m.lightxml.loss(e, rows, labels, top=batch[4])
         return loss, {"loss_g": float(lg), "loss_d": float(ld)}
 
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
