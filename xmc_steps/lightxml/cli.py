@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from .. import encoders, io, neural
 from ..devices import require_device
@@ -30,7 +30,7 @@ from ..neural_stage import load_tokens, record_training, remove_checkpoints, sav
 from ..stage import StageError, add_common_args, stage_run
 from .model import FORMAT, build_model, load_lightxml, predict
 from .params import LightXMLParams
-from .train import frequency_prior, train_lightxml, valid_metrics
+from .train import Guide, frequency_prior, train_lightxml, valid_metrics
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
@@ -44,11 +44,25 @@ def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
     return params
 
 
+#: ``setup(st, params, Y_train) -> (guide, label_tokens, description)``: what a method that trains the
+#: LightXML network with an extra loss adds (:mod:`xmc_steps.gudn`); the description goes into the
+#: model's ``lightxml.json``
+GuideSetup = Callable[[Any, LightXMLParams, Any], tuple[Guide, neural.TokenData, dict[str, Any]]]
+
+
 def _train_main(args: argparse.Namespace) -> None:
+    run_train(args, "lightxml_train", lambda st: _parse_params(st, args, "lightxml_train"))
+
+
+def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], LightXMLParams],
+              guide_setup: GuideSetup | None = None, config_section: str = "lightxml") -> None:
+    """The training stage of a LightXML network (``train`` of this CLI and of :mod:`xmc_steps.gudn`):
+    ``parse(st)`` gives the backbone's parameters; ``guide_setup`` an extra loss (see
+    :data:`GuideSetup`); ``config_section`` names the settings in the guard's message."""
     out = Path(args.out)
     names = ["model.safetensors", "lightxml.json", "curve.png"]
-    with stage_run("lightxml_train", args, outputs=[str(out / n) for n in names]) as st:
-        params = _parse_params(st, args, "lightxml_train")
+    with stage_run(stage, args, outputs=[str(out / n) for n in names]) as st:
+        params = parse(st)
         with st.timed("load"):
             tokens = load_tokens(args.tokens_dir, ("train", "valid"))
             try:
@@ -82,8 +96,14 @@ def _train_main(args: argparse.Namespace) -> None:
         width = neural.check_tokens(params.encoder, tokens, params.max_length, "lightxml")
         if params.max_length is None:
             params.max_length = width
+        own = {k: v for k, v in st.params.items() if k != "backbone"} if guide_setup else {}
         st.params.clear()
-        st.params.update(params.to_dict())
+        st.params.update(({"backbone": params.to_dict(), **own}) if guide_setup else params.to_dict())
+        guide = label_tokens = None
+        described: dict[str, Any] = {}
+        if guide_setup is not None:
+            with st.timed("label_tokens"):
+                guide, label_tokens, described = guide_setup(st, params, Y_train)
         try:
             model = build_model(params, L, cluster_of, K, pretrained=True)
         except OSError as e:
@@ -115,7 +135,7 @@ def _train_main(args: argparse.Namespace) -> None:
         with training_device(st, params):
             with st.timed("train"):
                 trainer = train_lightxml(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
-                                         valid=(tokens["valid"], Y_valid))
+                                         valid=(tokens["valid"], Y_valid), guide=guide, label_tokens=label_tokens)
             record_training(st, trainer)
             with st.timed("valid"):
                 m = valid_metrics(model, tokens["valid"], Y_valid, params, trainer.device, progress=st.log.info)
@@ -127,9 +147,10 @@ def _train_main(args: argparse.Namespace) -> None:
             verdict = (f"valid P@1 {m['p_at_1']:.4f} vs the frequency prior's {prior['p_at_1']:.4f} "
                        f"(P@5 {m['p_at_5']:.4f} vs {prior['p_at_5']:.4f})")
             if m["p_at_1"] <= prior["p_at_1"]:
-                msg = (f"LightXML learned nothing from the text: {verdict} after {trainer.step} steps. Train longer "
-                       "or faster (lightxml.train.epochs, lightxml.train.lr), check the encoder and max_length, or set "
-                       "lightxml.allow_weak: true to keep this model")
+                sec = config_section
+                msg = (f"{stage.split('_')[0]} learned nothing from the text: {verdict} after {trainer.step} steps. "
+                       f"Train longer or faster ({sec}.train.epochs, {sec}.train.lr), check the encoder and max_length, "
+                       f"or set {sec}.allow_weak: true to keep this model")
                 if not params.allow_weak:
                     raise StageError(msg)
                 st.log.warning("%s (allow_weak: kept)", msg)
@@ -138,7 +159,7 @@ def _train_main(args: argparse.Namespace) -> None:
             meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                     "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
                     "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
-                    "device": str(trainer.device), "valid": m, "valid_prior": prior}
+                    "device": str(trainer.device), "valid": m, "valid_prior": prior, **described}
             save_trained(st, out, model, "lightxml.json", meta, FORMAT)
             plot_curve(out / "curve.png", curve, m["p_at_1"], prior["p_at_1"], trainer.step)
             st.output("curve", out / "curve.png")

@@ -62,15 +62,23 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[
     return {"p_at_1": float(p[0]), "p_at_5": float(p[4]), f"recall_at_{k}": float(metrics.recall(scores, Y, k)[-1])}
 
 
+#: ``guide(model, e_text, e_label, rows, labels) -> (loss, logs)``: an extra loss on the text's and its
+#: label sequence's representations before dropout (GUDN's guide network, :mod:`xmc_steps.gudn`)
+Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                 tuple[torch.Tensor, Mapping[str, float]]]
+
+
 def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
                    ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                    on_step: Callable[[int, dict[str, float]], Any] | None = None,
                    valid: tuple[neural.TokenData, sp.spmatrix] | None = None,
-                   fingerprint: Mapping[str, Any] | None = None) -> Trainer:
+                   fingerprint: Mapping[str, Any] | None = None,
+                   guide: Guide | None = None, label_tokens: neural.TokenData | None = None) -> Trainer:
     """Train ``model`` with Eq. 6 (one learning rate for every part, AdamW's decay except on biases
     and LayerNorm).  ``params`` must be resolved (:meth:`LightXMLParams.resolved`).  Resumes from
     ``ckpt_dir``.  The model ends on the training device with the weight average copied in (when
-    the run took any)."""
+    the run took any).  With ``guide`` and ``label_tokens`` (one token row per training text: its
+    labels' texts) the guide's loss is added at every step."""
     log = log or neural._default_log
     tp = params.train
     if not tp.is_resolved or params.eval_every is None:
@@ -80,6 +88,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     n = len(tokens)
     if Y.shape != (n, model.n_labels):
         raise ValueError(f"Y has shape {Y.shape}, expected ({n}, {model.n_labels})")
+    if (guide is None) != (label_tokens is None) or (label_tokens is not None and len(label_tokens) != n):
+        raise ValueError("a guide needs label tokens, one row per training text")
     heads = [(f"generator.{k}", v) for k, v in model.generator.named_parameters()]
     if not model.flat:
         heads += [(f"bottleneck.{k}", v) for k, v in model.bottleneck.named_parameters()]
@@ -95,6 +105,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
           "negatives": params.negatives, "static_step": static_at,
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices)}
+    if label_tokens is not None:
+        fp["label_tokens"] = digest(label_tokens.input_ids, label_tokens.lengths)
     if not model.flat:
         fp["clusters"] = digest(model.cluster_of.cpu().numpy())
     fp.update(dict(fingerprint or {}))
@@ -133,21 +145,30 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         ids, mask = tokens.batch(idx)
         sub = Y[idx]
         rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
-        batch = [ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))]
+        batch = {"ids": ids, "mask": mask, "rows": torch.from_numpy(rows),
+                 "labels": torch.from_numpy(sub.indices.astype(np.int64))}
         if static_at is not None and trainer.step >= static_at:
-            batch.append(box.static_top[torch.from_numpy(idx).to(box.static_top.device)].clone())
-        return tuple(batch)
+            batch["top"] = box.static_top[torch.from_numpy(idx).to(box.static_top.device)].clone()
+        if label_tokens is not None:
+            batch["label_ids"], batch["label_mask"] = label_tokens.batch(idx)
+        return batch
 
-    def loss_fn(m: _TrainBox, batch):
-        ids, mask, rows, labels = batch[:4]
-        e = m.lightxml.represent(ids, mask)
+    def loss_fn(m: _TrainBox, b):
+        net = m.lightxml
+        raw = net.encoder(b["ids"], b["mask"])
+        e = net.dropout(raw)
         if static_at is None:
-            loss, lg, ld = m.lightxml.loss(e, rows, labels)
-        elif len(batch) == 4:                       # static, first phase: the generator alone
-            loss, lg, ld = m.lightxml.loss(e, rows, labels, generator_only=True)
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"])
+        elif "top" not in b:                        # static, first phase: the generator alone
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], generator_only=True)
         else:                                       # static, second phase: the drawn clusters
-            loss, lg, ld = m.lightxml.loss(e, rows, labels, top=batch[4])
-        return loss, {"loss_g": float(lg), "loss_d": float(ld)}
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=b["top"])
+        logs = {"loss_g": float(lg), "loss_d": float(ld)}
+        if guide is not None:
+            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"])
+            loss = loss + extra
+            logs.update(more)
+        return loss, logs
 
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
     if int(swa.n) > 0:

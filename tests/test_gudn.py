@@ -1,0 +1,95 @@
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from test_lightxml import _write_toy
+from tiny_encoder import make_tiny_encoder
+from xmc_steps import gudn, io, lightxml
+from xmc_steps.stage import cli_main
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny_g") / "bert")
+
+
+def test_feature_guide_is_eq2():
+    e_t = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
+    e_l = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
+    # (1/2n) sum ||.||^2 = (1/4) (5 + 25)
+    assert gudn.feature_guide(e_t, e_l, "paper").item() == pytest.approx(7.5)
+    assert gudn.feature_guide(e_t, e_l, "mean").item() == pytest.approx(30 / 4)
+    assert gudn.feature_guide(e_t, e_t, "paper").item() == 0
+
+
+def test_guide_loss_sums_the_switched_on_guides():
+    torch.manual_seed(0)
+    m = lightxml.LightXMLModel(None, 5, None, dim=3, dropout=0.0).eval()
+    e_t, e_l = torch.randn(2, 3), torch.randn(2, 3)
+    rows, labs = torch.tensor([0, 1, 1]), torch.tensor([4, 0, 2])
+    y = torch.zeros(2, 5)
+    y[0, 4] = y[1, 0] = y[1, 2] = 1
+    link = F.binary_cross_entropy_with_logits(m.generator(e_l), y)      # Eq. 3: labels from the label features
+    both, logs = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams())
+    assert both.item() == pytest.approx(gudn.feature_guide(e_t, e_l, "mean").item() + link.item(), rel=1e-6)
+    assert set(logs) == {"loss_feature", "loss_link"}
+    only_f, logs = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams(link_guide=False))
+    assert set(logs) == {"loss_feature"} and only_f.item() == pytest.approx(gudn.feature_guide(e_t, e_l, "mean").item())
+    only_l, _ = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams(feature_guide=False))
+    assert only_l.item() == pytest.approx(link.item(), rel=1e-6)
+
+
+def test_label_sequences_join_each_rows_label_texts():
+    Y = sp.csr_matrix(np.array([[0, 1, 1], [1, 0, 0], [0, 0, 0]], dtype=np.float32))
+    assert gudn.label_sequences(Y, ["a", "b c", "d"], "; ") == ["b c; d", "a", ""]
+
+
+def _with_label_texts(d, has: bool):
+    io.write_table(d / "labels.parquet", {"label_id": [str(i) for i in range(8)],
+                                          "label_text": [f"topic {i % 4} word {i}" for i in range(8)],
+                                          "train_freq": [1] * 8})
+    io.write_json(d / "ingest.json", {"extra": {"report": {"has_label_texts": has}}})
+
+
+def test_cli_trains_with_both_guides_and_predicts_with_lightxml(tiny, tmp_path):
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    d = _write_toy(tmp_path)
+    _with_label_texts(d, True)
+    out = tmp_path / "m"
+    params = {"backbone": {"encoder": tiny, "dropout": 0.1, "device": "cpu", "threads": 1, "eval_every": 0,
+                           "swa_start": 1.0, "train": {"steps": 100, "batch_size": 16, "lr": 2e-3}},
+              "label_max_length": 12}
+    argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
+            str(d / "Y_valid.npz"), "--label-table", str(d / "labels.parquet"), "--ingest-record", str(d / "ingest.json"),
+            "--tree", str(d / "tree.npz"), "--out", str(out), "--params", json.dumps(params), "--no-tracking",
+            "--record", str(out / "record.json")]
+    assert cli_main(gudn.main, argv) == 0
+    rec = io.read_json(out / "record.json")
+    meta = io.read_json(out / "lightxml.json")
+    assert meta["last_k"] == 2                     # the paper's 10 layers, capped at the tiny encoder's 2
+    assert meta["gudn"]["feature_guide"] and meta["gudn"]["link_guide"] and meta["gudn"]["feature_loss"] == "mean"
+    assert rec["params"]["backbone"]["last_k"] == 2 and rec["params"]["label_max_length"] == 12
+    assert rec["metrics"]["valid_p_at_1"] >= 0.9, rec["metrics"]
+    pred = tmp_path / "pred.parquet"
+    argv = ["predict", "--model", str(out), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
+            "--params", json.dumps({"topk": 3, "device": "cpu"}), "--no-tracking"]
+    assert cli_main(lightxml.main, argv) == 0
+    assert io.read_predictions(pred, 8).shape == (32, 8)
+
+
+def test_cli_names_the_missing_label_text_file(tiny, tmp_path, capsys):
+    d = _write_toy(tmp_path, n_train=16, n_valid=8)
+    _with_label_texts(d, False)
+    argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
+            str(d / "Y_valid.npz"), "--label-table", str(d / "labels.parquet"), "--ingest-record", str(d / "ingest.json"),
+            "--label-texts-file", "data/mine/label_texts.txt", "--out", str(tmp_path / "m"),
+            "--params", json.dumps({"backbone": {"encoder": tiny, "device": "cpu", "train": {"steps": 1}}}),
+            "--no-tracking"]
+    assert cli_main(gudn.main, argv) != 0
+    err = capsys.readouterr().err
+    assert "data/mine/label_texts.txt is missing" in err
+    assert not (tmp_path / "m" / "model.safetensors").exists()

@@ -1,0 +1,41 @@
+"""GUDN (Wang et al., "GUDN: A novel guide network for extreme multi-label text classification"):
+the LightXML network (:mod:`xmc_steps.lightxml`) trained with a guide network that reads each
+training text's gold label texts.
+
+* Backbone (§3.4): LightXML's, with its clusters and dynamic negatives for large label sets and
+  a full output layer for small ones (``flat_max_labels``); its parameters are ``backbone``
+  (config: ``lightxml`` deep-merged with ``gudn.backbone``).
+* Feature extractor (§3.2): one encoder for texts and label sequences.  A text's labels' texts
+  are joined into one sequence (label index order, ``label_separator``) and encoded like a text
+  (``label_max_length`` tokens).  Both representations are the summary-token states of the last
+  10 layers, concatenated: the paper says 10 for the labels, and the link guide feeds the label
+  features to the text's classifier, so both have the same width (the authors' code uses 10 for
+  both); an encoder with fewer layers (MiniLM: 6) uses all of them, with a warning.
+* Feature guide (Eq. 2) on the representations before dropout: ``feature_loss: paper`` is Eq. 2 as
+  written, ``1/(2n) sum ||E_t - E_l||^2``; ``mean`` (the default) the mean over every coordinate, as
+  the authors' ``MSELoss`` computes it, ``d / 2`` times smaller for features of width ``d``.  The
+  guide can be met by making every text's and every label sequence's features the same vector,
+  and at the paper's scale it is: on the CLI toy (tests/test_gudn.py's data, tiny encoder, 100
+  steps) the paper's scale left valid P@1 at the frequency prior's 0.25 (the guard fails it), at
+  learning rates 2e-3 and 5e-4 alike, while ``mean``, the link guide alone and no feature guide
+  all reached 1.0.  Width 3,840 (BERT-base, 10 layers) makes the paper's scale 1,920 times the
+  authors'.
+* Link guide (Eq. 3): the backbone's classification loss with the label features in place of the
+  text's: BCE over all labels for a flat model; LightXML's ``L_g + L_d`` for a clustered one,
+  the candidates drawn from the label features' generator.
+* Overall (Eq. 6): ``L_class + L_feature + L_link``; ``feature_guide`` / ``link_guide`` switch a
+  guide off (the ``gudn-no-feature-guide`` and ``gudn-no-link-guide`` targets, Table 3).
+* Prediction uses the text alone: the saved model is a LightXML network
+  (``python -m xmc_steps.lightxml predict``).
+* A dataset without label texts (ingest found no ``label_texts.txt``) stops the stage with an
+  error naming that file.
+
+Files: :mod:`.params` (:class:`GUDNParams`), :mod:`.loss` (Eqs. 2-4), :mod:`.cli` (the stage:
+``python -m xmc_steps.gudn train``).
+"""
+
+from .cli import label_sequences, main
+from .loss import feature_guide, guide_loss
+from .params import GUDNParams
+
+__all__ = ["GUDNParams", "feature_guide", "guide_loss", "label_sequences", "main"]
