@@ -15,6 +15,7 @@ include: "workflow/rules/linear.smk"
 include: "workflow/rules/xtransformer.smk"
 include: "workflow/rules/elias.smk"
 include: "workflow/rules/lightxml.smk"
+include: "workflow/rules/gudn.smk"
 include: "workflow/rules/evaluate.smk"
 
 

@@ -87,3 +87,17 @@ def test_rules_spell_no_results_path_themselves():
             if re.search(r'RES \+ "|\{RES\}/|"results/', line):
                 offenders.append(f"{f.name}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_gudn_backbone_is_lightxml_with_its_changes_and_variants_are_folders():
+    cfg = config.load(ROOT / "config.yaml")
+    cfg["datasets"]["d"] = {"lightxml": {"hidden": 64}, "gudn": {"backbone": {"dropout": 0.2}}}
+    s = config.dataset_settings(cfg, "d")
+    b = s["gudn"]["backbone"]
+    assert b["last_k"] == 10 and b["dropout"] == 0.2 and b["hidden"] == 64 and b["cluster"] == s["lightxml"]["cluster"]
+    full = layout.gudn_dir("r", "d", s, None)
+    assert full == "r/d/gudn/tree-b2-l64-s0/minilm-64/full"
+    assert layout.gudn_predictions("r", "d", s, "no-link-guide") == full.replace("full", "no-link-guide") + "/predictions_test.parquet"
+    assert layout.gudn_records("r", "d", s, None)[-2:] == [full + "/record.json", full + "/predict.record.json"]
+    with pytest.raises(KeyError, match="unknown gudn variant"):
+        layout.gudn_dir("r", "d", s, "nope")

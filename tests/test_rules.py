@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_RULES = {"embed_pretrained", "matcher", "elias_stage1", "elias_stage2", "elias_predict", "lightxml_train", "lightxml_predict"}
+GPU_RULES = {"embed_pretrained", "matcher", "elias_stage1", "elias_stage2", "elias_predict", "lightxml_train", "lightxml_predict", "gudn_train", "gudn_predict"}
 
 
 def _rules():

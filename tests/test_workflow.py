@@ -208,6 +208,26 @@ def test_wiki500k_lightxml_paper_plan_has_gpu_training_rules(tmp_path):
     sizes = paper["datasets"]["wiki500k"]["resources"]
     assert f"mem_mb={sizes['lightxml_train']['mem_mb']}" in train
 
+
+def test_wiki500k_gudn_paper_plan_trains_on_lightxmls_clusters(tmp_path):
+    """GUDN's paper settings on Wiki-500K: LightXML's clusters and BERT, 512 tokens, 20 epochs of batch 8."""
+    import yaml
+
+    write_raw_dataset(tmp_path / "data" / "wiki500k", [("x", ["1"])], [("y", ["1"])])
+    paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())
+    r = _run(tmp_path, "results/wiki500k/gudn.json", "results/wiki500k/gudn-no-feature-guide.json",
+             extra=["-n", "-p", "--cores", "8"], overrides=paper)
+    out = r.stdout + r.stderr
+    trains = [b for b in out.split("\nrule ")[1:] if b.startswith("gudn_train")]
+    assert len(trains) == 2 and all("gpu=1" in b and "index/pifa-tfidf/tree-b2-l60-s0.npz" in b for b in trains)
+    full = next(b for b in trains if "bert_base-512/full" in b)
+    params = json.loads(full.split("--params '", 1)[1].split("'", 1)[0])
+    b = params["backbone"]
+    assert (b["last_k"], b["max_length"], b["hidden"], b["topb"]) == (10, 512, 500, 32)
+    assert (b["train"]["epochs"], b["train"]["batch_size"]) == (20, 8) and params["feature_guide"] is True
+    ablation = next(b for b in trains if "bert_base-512/no-feature-guide" in b)
+    assert '"feature_guide": false' in ablation and "--label-texts-file" in ablation
+
 NEURAL_TINY = {
     "xtransformer": {
         "cluster": {"branching": 2, "leaf_size": 2},

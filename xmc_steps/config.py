@@ -32,6 +32,7 @@ _ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.
                   "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
 _XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"]
 _LIGHTXML = _TREE + ["encoders.{enc}", "lightxml"]
+_GUDN = _TREE + ["encoders.{enc}", "gudn"]
 RULE_SETTINGS: dict[str, list[str]] = {
     "ingest": _BASE,
     "tfidf": _BASE + ["tfidf"],
@@ -63,6 +64,8 @@ RULE_SETTINGS: dict[str, list[str]] = {
     "lightxml_train": _LIGHTXML,
     "lightxml_predict": _LIGHTXML,
     "lightxml_ensemble": _TREE + ["encoders", "lightxml"],
+    "gudn_train": _GUDN,
+    "gudn_predict": _GUDN,
 }
 
 #: The settings sections each method depends on (for the config hash).
@@ -72,6 +75,7 @@ METHOD_SECTIONS: dict[str, list[str]] = {
     "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "xtransformer", "evaluate"],
     "elias": ["split", "ingest", "tfidf", "cluster", "encoders", "elias", "evaluate"],
     "lightxml": ["split", "ingest", "tfidf", "cluster", "encoders", "lightxml", "evaluate"],
+    "gudn": ["split", "ingest", "tfidf", "cluster", "encoders", "gudn", "evaluate"],
 }
 
 
@@ -161,7 +165,8 @@ def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(dotted key, encoder key)`` of every place a settings block names an encoder."""
     refs = [("tokenize.encoder", settings.get("tokenize", {}).get("encoder")),
             ("elias.encoder", settings.get("elias", {}).get("encoder")),
-            ("lightxml.encoder", settings.get("lightxml", {}).get("encoder"))]
+            ("lightxml.encoder", settings.get("lightxml", {}).get("encoder")),
+            ("gudn.backbone.encoder", (settings.get("gudn", {}).get("backbone") or {}).get("encoder"))]
     refs += [(f"xtransformer.encoders[{i}]", k)
              for i, k in enumerate(settings.get("xtransformer", {}).get("encoders") or [])]
     refs += [(f"lightxml.ensemble.encoders[{i}]", k)
@@ -222,9 +227,13 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 
 
 def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
-    """Effective settings of ``dataset``: defaults deep-merged with its own section."""
+    """Effective settings of ``dataset``: defaults deep-merged with its own section; ``gudn.backbone`` is
+    the ``lightxml`` section with ``gudn.backbone``'s changes merged in."""
     own = (config.get("datasets") or {}).get(dataset) or {}
-    return deep_merge(config["defaults"], own)
+    s = deep_merge(config["defaults"], own)
+    if "gudn" in s and "lightxml" in s:   # GUDN's network is LightXML's: its backbone is that section + changes
+        s["gudn"] = {**s["gudn"], "backbone": deep_merge(s["lightxml"], s["gudn"].get("backbone") or {})}
+    return s
 
 
 def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dict[str, Any]:

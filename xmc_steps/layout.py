@@ -20,7 +20,8 @@ computed once and reused across methods and variants:
   ``stage1/``, ``stage2/`` (models and ``pred_{split}.parquet``) and ``plus/`` (ELIAS++); ``ELIAS_ENSEMBLE``
 * a LightXML model (one clustering and training seed): ``LIGHTXML`` ``lightxml/{tree}/{enc}-{maxlen}/{sampling}/``
   (``sampling``: ``dynamic`` or ``static`` negatives; the model, ``predictions_test.parquet``); its clusters
-  are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``; ``LIGHTXML_ENSEMBLE``
+  are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``; ``LIGHTXML_ENSEMBLE``; a GUDN model ``GUDN``
+  ``gudn/{tree}/{enc}-{maxlen}/{guides}/`` (``guides``: ``full``, ``no-feature-guide``, ``no-link-guide``)
 * a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
   snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
@@ -59,6 +60,7 @@ ELIAS_PLUS = ELIAS + "/plus"
 ELIAS_ENSEMBLE = "{dataset}/elias/ensemble-{variant}"
 LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}/{sampling}"
 LIGHTXML_ENSEMBLE = "{dataset}/lightxml/ensemble-{variant}"
+GUDN = "{dataset}/gudn/{tree}/{enc}-{maxlen}/{guides}"
 METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
 CONFIG = "{dataset}/config/{method}.json"
 RECORDS = "{dataset}/records"
@@ -160,7 +162,7 @@ def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMembe
 
 
 #: methods whose targets have variants (``<method>-<variant>``)
-VARIANT_METHODS = ("xtransformer", "elias", "lightxml")
+VARIANT_METHODS = ("xtransformer", "elias", "lightxml", "gudn")
 
 
 def split_method(method: str) -> tuple[str, str | None]:
@@ -289,9 +291,10 @@ class LightXMLMember:
                   sampling=self.sampling)
 
 
-def lightxml_tree(settings: Mapping[str, Any], seed: int | None = None) -> str:
-    """The tree whose finest level gives LightXML's clusters: balanced 2-means down to ``leaf_size``."""
-    c = settings["lightxml"]["cluster"]
+def lightxml_tree(settings: Mapping[str, Any], seed: int | None = None, section: Mapping[str, Any] | None = None) -> str:
+    """The tree whose finest level gives LightXML's clusters (or those of another network on its settings,
+    ``section``: GUDN's backbone): balanced 2-means down to ``leaf_size``."""
+    c = (section if section is not None else settings["lightxml"])["cluster"]
     return tree_name({"branching": 2, "leaf_size": c["leaf_size"]}, c["seed"] if seed is None else seed)
 
 
@@ -325,3 +328,31 @@ def lightxml_records(res: str, dataset: str, settings: Mapping[str, Any], varian
     if len(members) > 1:
         out.append(at(res, LIGHTXML_ENSEMBLE, dataset=dataset, variant=variant) + "/record.json")
     return list(dict.fromkeys(out))
+
+
+# --------------------------------------------------------------------------- GUDN
+
+#: Table 3's ablations: ``gudn-no-feature-guide``, ``gudn-no-link-guide``
+GUDN_VARIANTS = ("no-feature-guide", "no-link-guide")
+
+
+def gudn_dir(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    """The GUDN model of a target: the backbone's clusters, encoder and length; the guides it trains with."""
+    if variant is not None and variant not in GUDN_VARIANTS:
+        raise KeyError(f"unknown gudn variant '{variant}' (known: {', '.join(GUDN_VARIANTS)})")
+    b = settings["gudn"]["backbone"]
+    return at(res, GUDN, dataset=dataset, tree=lightxml_tree(settings, section=b), enc=b["encoder"],
+              maxlen=b["max_length"], guides=variant or "full")
+
+
+def gudn_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    return gudn_dir(res, dataset, settings, variant) + "/predictions_test.parquet"
+
+
+def gudn_records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    b = settings["gudn"]["backbone"]
+    d = gudn_dir(res, dataset, settings, variant)
+    return [f"{tokens_dir(res, dataset, b['encoder'], b['max_length'])}/record.json",
+            at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/label_emb.record.json",
+            at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=lightxml_tree(settings, section=b)) + ".record.json",
+            f"{d}/record.json", f"{d}/predict.record.json"]

@@ -29,12 +29,12 @@ STAGE_ARGS = ("--params {params.settings:q} --record {output.record} --log {log:
               "--rule {rule} --config-hash {params.hash}")
 DATA = config["data_dir"]
 RES = config["results_dir"]
-METHODS = ["xr-linear", "parabel", "xtransformer", "elias", "lightxml"]
+METHODS = ["xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn"]
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    method=r"xr-linear|parabel|(xtransformer|elias|lightxml)(-[A-Za-z0-9_.-]+)?",
+    method=r"xr-linear|parabel|(xtransformer|elias|lightxml|gudn)(-[A-Za-z0-9_.-]+)?",
     enc=r"[A-Za-z0-9][A-Za-z0-9_]*",
     maxlen=r"\d+",
     emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",
@@ -45,6 +45,7 @@ wildcard_constraints:
     rin=r"tfidf|tfidf\+neural",
     neg=r"tfn|man|tfn\+man",
     sampling=r"dynamic|static",
+    guides=r"full|no-feature-guide|no-link-guide",
     variant=r"[A-Za-z0-9_.-]+",
     fit=r"train|train\+valid|valid\+train",
     cand=r"matcher|union|linear",

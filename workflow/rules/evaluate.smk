@@ -12,6 +12,8 @@ def method_predictions(w):
         return lay.elias_predictions(RES, w.dataset, S(w), variant)
     if base == "lightxml":
         return lay.lightxml_predictions(RES, w.dataset, S(w), variant)
+    if base == "gudn":
+        return lay.gudn_predictions(RES, w.dataset, S(w), variant)
     return R(lay.METHOD, w) + "/predictions_test.parquet"
 
 
@@ -28,6 +30,8 @@ def stage_records(w):
         return out + lay.elias_records(RES, w.dataset, S(w), variant)
     if base == "lightxml":
         return out + lay.lightxml_records(RES, w.dataset, S(w), variant)
+    if base == "gudn":
+        return out + lay.gudn_records(RES, w.dataset, S(w), variant)
     if base == "xr-linear":
         tree = lay.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
         out += [R(lay.INDEX, w, emb="pifa-tfidf") + "/label_emb.record.json", tree.replace(".npz", ".record.json")]

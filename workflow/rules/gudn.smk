@@ -1,0 +1,89 @@
+# GUDN: the LightXML network trained with the guide network on each text's label texts, then its
+# test predictions (LightXML's predict: the guide is training-only).  One model folder per
+# guide setting:  results/{dataset}/gudn/{tree}/{enc}-{maxlen}/{guides}/ (layout.GUDN)
+
+
+def gudn_params(w):
+    g = S(w)["gudn"]
+    b = dict(g["backbone"])
+    for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; GUDN trains one model
+        b.pop(k, None)
+    own = {k: v for k, v in g.items() if k != "backbone"}
+    if w.guides != "full":
+        own[w.guides.replace("no-", "").replace("-", "_")] = False   # no-feature-guide -> feature_guide: false
+    return json.dumps({**own, "backbone": {**b, "encoder": ENC(w), "max_length": int(w.maxlen)}}, sort_keys=True)
+
+
+def label_texts_file(w):
+    """The label text file the dataset would have (named in GUDN's error when it has none)."""
+    s = S(w)
+    if w.dataset == "debtags" and not s.get("path"):
+        return f"{DATA}/debtags/label_texts.txt"
+    try:
+        folder = xds.locate(w.dataset, DATA, s.get("path"), s.get("layout")).folder
+    except xds.StageError:
+        folder = f"{DATA}/{w.dataset}"
+    return f"{folder}/label_texts.txt"
+
+
+rule gudn_train:
+    """GUDN training (Eqs. 2-6): the backbone's classification loss plus the feature and link guides."""
+    input:
+        tokens=lambda w: [f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{s}.npz" for s in ("train", "valid")],
+        Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
+        labels=R(lay.INGEST) + "/labels.parquet",
+        ingest=R(lay.INGEST) + "/record.json",
+        tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
+    output:
+        model=R(lay.GUDN) + "/model.safetensors",
+        meta=R(lay.GUDN) + "/lightxml.json",
+        curve=R(lay.GUDN) + "/curve.png",
+        record=R(lay.GUDN) + "/record.json",
+    log:
+        "logs/gudn_train/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
+    params:
+        settings=gudn_params,
+        hash=H("gudn_train"),
+        tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
+        label_texts=label_texts_file,
+        out=R(lay.GUDN),
+    threads: threads_of
+    resources:
+        mem_mb=res("gudn_train", "mem_mb", 16000),
+        runtime=res("gudn_train", "runtime", 1440),
+        gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.gudn train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
+        "--labels-valid {input.Y[1]} --label-table {input.labels} --ingest-record {input.ingest} "
+        "--label-texts-file {params.label_texts:q} --tree {input.tree} --out {params.out} "
+        "--method gudn --threads {threads} " + STAGE_ARGS
+
+
+rule gudn_predict:
+    """Top-k GUDN predictions of the test split, from the text alone."""
+    input:
+        model=rules.gudn_train.output.model,
+        tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_test.npz",
+    output:
+        predictions=R(lay.GUDN) + "/predictions_test.parquet",
+        record=R(lay.GUDN) + "/predict.record.json",
+    log:
+        "logs/gudn_predict/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
+    params:
+        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "device": S(w)["gudn"]["backbone"]["device"],
+                                       "allow_cpu_fallback": S(w)["gudn"]["backbone"]["allow_cpu_fallback"],
+                                       "amp": S(w)["gudn"]["backbone"]["amp"]}),
+        hash=H("gudn_predict"),
+        model=R(lay.GUDN),
+    threads: threads_of
+    resources:
+        mem_mb=res("gudn_predict", "mem_mb", 16000),
+        runtime=res("gudn_predict", "runtime", 240),
+        gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.lightxml predict --model {params.model} --tokens {input.tokens} "
+        "--out {output.predictions} --method gudn --threads {threads} " + STAGE_ARGS
