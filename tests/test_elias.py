@@ -287,6 +287,7 @@ def _write_toy(tmp_path, n_train=96, n_valid=32, width=12):
         io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
         io.save_csr(d / f"Y_{s}.npz", Y[sl])
     io.save_arrays(d / "tokens_test.npz", input_ids=ids[n_train:], lengths=lengths[n_train:])
+    io.save_csr(d / "Y_test.npz", Y[n_train:])
     ClusterTree.from_assignments([np.arange(L) // 2]).save(d / "tree.npz")
     return d
 

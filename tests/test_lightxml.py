@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from test_elias import _write_toy  # 4 topics, labels {t, t + 4}, a tree of 4 clusters {0,1} .. {6,7}
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import io, lightxml
-from xmc_steps.cluster_tree import ClusterTree
+from xmc_steps import io, lightxml, neural
 from xmc_steps.stage import cli_main
-from xmc_steps import neural
 from xmc_steps.lightxml.train import train_lightxml
 from xmc_steps.trainer import TrainParams, lr_factor
 
@@ -160,23 +159,6 @@ def test_params_resolve_and_reject_bad_values():
 def test_constant_schedule_keeps_the_rate_after_warmup():
     assert [lr_factor(t, 2, 10, "constant") for t in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
     assert lr_factor(9, 2, 10) == pytest.approx(1 / 8)
-
-
-def _write_toy(tmp_path, n_train=96, n_valid=32, width=12):
-    """4 topics; topic t has labels {t, t+4}; the tree's 4 clusters split them ({0,1}, {2,3}, {4,5}, {6,7})."""
-    ids, lengths, cls = toy_tokens(n_train + n_valid, width, 4, seed=2)
-    L = 8
-    rows = [[t, t + 4] for t in cls]
-    Y = sp.csr_matrix((np.ones(2 * len(rows), np.float32), np.concatenate(rows), np.arange(len(rows) + 1) * 2),
-                      shape=(len(rows), L))
-    d = tmp_path / "in"
-    for s, sl in (("train", slice(0, n_train)), ("valid", slice(n_train, None))):
-        io.save_arrays(d / f"tokens_{s}.npz", input_ids=ids[sl], lengths=lengths[sl])
-        io.save_csr(d / f"Y_{s}.npz", Y[sl])
-    io.save_arrays(d / "tokens_test.npz", input_ids=ids[n_train:], lengths=lengths[n_train:])
-    io.save_csr(d / "Y_test.npz", Y[n_train:])
-    ClusterTree.from_assignments([np.arange(L) // 2]).save(d / "tree.npz")
-    return d
 
 
 @pytest.mark.parametrize("flat_max_labels", [8, 4])

@@ -162,10 +162,9 @@ import torch
 from torch import nn
 
 from . import encoders, io, neural
-from .devices import require_device
 from .negatives import binarize
 from .neural_stage import (load_tokens, load_trained, record_training, remove_checkpoints, save_trained,
-                           training_device)
+                           stage_params, training_device)
 from .params import Params
 from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -719,13 +718,7 @@ def main(argv: list[str] | None = None) -> None:
     names = ["model.safetensors", "matcher.json", "guard.json", "curve.png"] + [
         f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
     with stage_run("matcher", args, outputs=[str(out / n) for n in names]) as st:
-        try:
-            params = MatcherParams.from_dict(st.params)
-        except (TypeError, ValueError) as e:
-            raise StageError(str(e)) from e
-        params.device = str(require_device(params.device, params.allow_cpu_fallback,
-                                           config_key="xtransformer.matcher.allow_cpu_fallback", rule=args.rule or "matcher",
-                                           log=st.log))
+        params = stage_params(st, MatcherParams, "matcher", "xtransformer.matcher")
         st.params.clear()
         st.params.update(params.to_dict())
         with st.timed("load"):

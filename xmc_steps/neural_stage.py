@@ -95,6 +95,57 @@ def load_trained(folder: str | os.PathLike, json_name: str, fmt: str,
     return model.to(neural.resolve_device(device))
 
 
+def stage_params(st, cls: type, rule: str, section: str, on: Callable[[Any], Any] = lambda p: p) -> Any:
+    """A neural stage's typed parameters, ``cls.from_dict(st.params)`` (a bad value is a StageError
+    naming it), with the device checked at once (:func:`xmc_steps.devices.require_device`: a GPU rule
+    without a GPU fails before any work).  ``on(params)`` is the object that carries ``device`` and
+    ``allow_cpu_fallback`` (GUDN's backbone); ``section`` the config section named in messages."""
+    from .devices import require_device
+
+    try:
+        params = cls.from_dict(st.params)
+    except (TypeError, ValueError) as e:
+        raise StageError(str(e)) from e
+    run = on(params)
+    run.device = str(require_device(run.device, run.allow_cpu_fallback, config_key=f"{section}.allow_cpu_fallback",
+                                    rule=getattr(st.args, "rule", None) or rule, log=st.log))
+    return params
+
+
+def valid_subset(valid: tuple[neural.TokenData, Any] | None, max_docs: int, seed: int
+                 ) -> tuple[neural.TokenData | None, Any]:
+    """The validation texts and labels a training loop evaluates on: all of them, or a fixed random
+    subset of ``max_docs`` (drawn with ``seed``); ``(None, None)`` without validation data."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    if valid is None:
+        return None, None
+    vt, vY = valid
+    vY = sp.csr_matrix(vY)
+    if len(vt) > max_docs:
+        sub = np.sort(np.random.default_rng(seed).choice(len(vt), max_docs, replace=False))
+        vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
+    return vt, vY
+
+
+def prediction_inputs(st, params: Any, model_dir: str | os.PathLike, json_name: str, tokens_path: str | os.PathLike
+                      ) -> tuple[dict[str, Any], neural.TokenData, torch.device]:
+    """What a neural predict stage reads first: threads (``params.threads``), the trained model's
+    description ``json_name``, the token ids (of the width the model was trained on) and the
+    device (``params.device``, already checked); a file that cannot be read is a StageError."""
+    if getattr(params, "threads", None):
+        torch.set_num_threads(int(params.threads))
+    try:
+        meta = io.read_json(Path(model_dir) / json_name)
+        tokens = neural.TokenData.load(tokens_path)
+    except (OSError, ValueError) as e:
+        raise StageError(str(e)) from e
+    if tokens.max_length != meta["max_length"]:
+        raise StageError(f"tokens have width {tokens.max_length} but the model was trained with {meta['max_length']}")
+    return meta, tokens, neural.resolve_device(params.device)
+
+
 def remove_checkpoints(ckpt_dir: str | os.PathLike) -> None:
     """Drop a finished run's checkpoints (call it once every output is written: a failure before
     that leaves them for the rerun to resume from)."""

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from .. import encoders, io, neural
-from ..devices import require_device
-from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
+                            stage_params, training_device)
 from ..stage import StageError, add_common_args, stage_run
 from ..trainer import digest
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
@@ -48,14 +47,7 @@ def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
-    """Typed parameters; the device is checked first (a GPU rule without a GPU fails early)."""
-    try:
-        params = EliasParams.from_dict(st.params)
-    except (TypeError, ValueError) as e:
-        raise StageError(str(e)) from e
-    params.device = str(require_device(params.device, params.allow_cpu_fallback,
-                                       config_key="elias.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
-    return params
+    return stage_params(st, EliasParams, rule, "elias")
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -173,17 +165,7 @@ def _predict_main(args: argparse.Namespace) -> None:
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
         params = _parse_params(st, args, "elias_predict")
-        if params.threads:
-            torch.set_num_threads(params.threads)
-        try:
-            meta = io.read_json(Path(args.model) / "elias.json")
-            tokens = neural.TokenData.load(args.tokens)
-        except (OSError, ValueError) as e:
-            raise StageError(str(e)) from e
-        if tokens.max_length != meta["max_length"]:
-            raise StageError(f"tokens have width {tokens.max_length} but the model was trained with "
-                             f"{meta['max_length']}")
-        device = neural.resolve_device(params.device)  # already checked by require_device
+        meta, tokens, device = prediction_inputs(st, params, args.model, "elias.json", args.tokens)
         with st.timed("load"):
             model = load_elias(args.model, device)
         b = params.b if params.b is not None else model.b

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .. import neural
+from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
 from .model import EliasModel, predict, shortlist_metrics
@@ -96,13 +97,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
                       device=params.device, amp=params.amp)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
-    vt = vY = None
-    if valid is not None and params.eval_every > 0:
-        vt, vY = valid
-        vY = sp.csr_matrix(vY)
-        if len(vt) > params.eval_max_docs:
-            sub = np.sort(np.random.default_rng(tp.seed).choice(len(vt), params.eval_max_docs, replace=False))
-            vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
+    vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
 
     def step_end(step: int) -> dict[str, float] | None:
         if touched:

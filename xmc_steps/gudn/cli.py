@@ -22,22 +22,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import encoders, io, neural
-from ..devices import require_device
-from ..lightxml.cli import run_train
-from ..stage import StageError, add_common_args
+from ..neural_stage import stage_params
+from ..lightxml.cli import add_train_args, run_train
+from ..stage import StageError
 from .loss import guide_loss
 from .params import GUDNParams
 
 
 def _parse_params(st, args: argparse.Namespace) -> GUDNParams:
-    try:
-        params = GUDNParams.from_dict(st.params)
-    except (TypeError, ValueError) as e:
-        raise StageError(str(e)) from e
-    b = params.backbone
-    b.device = str(require_device(b.device, b.allow_cpu_fallback, config_key="gudn.backbone.allow_cpu_fallback",
-                                  rule=args.rule or "gudn_train", log=st.log))
-    return params
+    return stage_params(st, GUDNParams, "gudn_train", "gudn.backbone", on=lambda p: p.backbone)
 
 
 def label_sequences(Y: sp.spmatrix, label_texts: list[str], separator: str) -> list[str]:
@@ -107,15 +100,9 @@ def _cap_layers(st, backbone) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.gudn", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train the LightXML network with GUDN's guide network")
-    t.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid}.npz")
-    t.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
-    t.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
+    t = add_train_args(sub.add_parser("train", help="train the LightXML network with GUDN's guide network"))
     t.add_argument("--label-table", required=True, help="labels.parquet of ingest (label_text)")
     t.add_argument("--ingest-record", required=True, help="ingest's record.json (whether the data had label texts)")
     t.add_argument("--label-texts-file", default="label_texts.txt", help="the dataset's label text file (for messages)")
-    t.add_argument("--tree", help="cluster tree (.npz of xmc_steps.cluster): its finest level gives the clusters")
-    t.add_argument("--out", required=True, help="output folder")
-    add_common_args(t)
     args = p.parse_args(argv)
     _train_main(args)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import encoders, io, neural
-from ..devices import require_device
-from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
+                            stage_params, training_device)
 from ..stage import StageError, add_common_args, stage_run
 from .model import FORMAT, build_model, load_lightxml, predict
 from .params import LightXMLParams
@@ -34,14 +34,7 @@ from .train import Guide, frequency_prior, train_lightxml, valid_metrics
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
-    """Typed parameters; the device is checked first (a GPU rule without a GPU fails early)."""
-    try:
-        params = LightXMLParams.from_dict(st.params)
-    except (TypeError, ValueError) as e:
-        raise StageError(str(e)) from e
-    params.device = str(require_device(params.device, params.allow_cpu_fallback,
-                                       config_key="lightxml.allow_cpu_fallback", rule=args.rule or rule, log=st.log))
-    return params
+    return stage_params(st, LightXMLParams, rule, "lightxml")
 
 
 #: ``setup(st, params, Y_train) -> (guide, label_tokens, description)``: what a method that trains the
@@ -193,19 +186,7 @@ def plot_curve(path: str | os.PathLike, curve: Mapping[int, float], final: float
 def _predict_main(args: argparse.Namespace) -> None:
     with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
         params = _parse_params(st, args, "lightxml_predict")
-        if params.threads:
-            import torch
-
-            torch.set_num_threads(params.threads)
-        try:
-            meta = io.read_json(Path(args.model) / "lightxml.json")
-            tokens = neural.TokenData.load(args.tokens)
-        except (OSError, ValueError) as e:
-            raise StageError(str(e)) from e
-        if tokens.max_length != meta["max_length"]:
-            raise StageError(f"tokens have width {tokens.max_length} but the model was trained with "
-                             f"{meta['max_length']}")
-        device = neural.resolve_device(params.device)  # already checked by require_device
+        _, tokens, device = prediction_inputs(st, params, args.model, "lightxml.json", args.tokens)
         with st.timed("load"):
             try:
                 model = load_lightxml(args.model, device)
@@ -218,16 +199,21 @@ def _predict_main(args: argparse.Namespace) -> None:
         st.predictions(args.out, r["scores"], params.topk, r["seconds"])
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m xmc_steps.lightxml", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train a LightXML model")
+def add_train_args(t: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments of a LightXML network's training stage (this CLI's and GUDN's ``train``)."""
     t.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid}.npz")
     t.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
     t.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
     t.add_argument("--tree", help="cluster tree (.npz of xmc_steps.cluster): its finest level gives the clusters")
     t.add_argument("--out", required=True, help="output folder")
     add_common_args(t)
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.lightxml", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    add_train_args(sub.add_parser("train", help="train a LightXML model"))
     q = sub.add_parser("predict", help="top-k predictions of a trained model")
     q.add_argument("--model", required=True, help="a train output folder")
     q.add_argument("--tokens", required=True, help="tokens_{split}.npz")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .. import metrics, neural
+from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .model import LightXMLModel, predict
 from .params import LightXMLParams
@@ -113,13 +114,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
 
-    vt = vY = None
-    if valid is not None and params.eval_every > 0:
-        vt, vY = valid
-        vY = sp.csr_matrix(vY)
-        if len(vt) > params.eval_max_docs:
-            sub = np.sort(np.random.default_rng(tp.seed).choice(len(vt), params.eval_max_docs, replace=False))
-            vt, vY = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vY[sub]
+    vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
 
     def draw() -> None:
         log.info("static negatives: drawing the top-%d clusters of %d training texts once, from the generator after "
