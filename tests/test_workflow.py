@@ -298,7 +298,7 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     assert {"elias_stage1", "elias_stage2", "elias_plus_ranker", "elias_plus_calibrate", "elias_plus_predict"} <= rules
     lx = json.loads((tmp_path / "results/toy/lightxml.json").read_text())
     assert {"lightxml_train", "lightxml_predict"} <= {s["rule"] for s in lx["stages"]}
-    assert next((tmp_path / "results/toy/lightxml").glob("tree-b2-l2-s0/minilm-16/curve.png")).stat().st_size > 0
+    assert next((tmp_path / "results/toy/lightxml").glob("tree-b2-l2-s0/minilm-16/dynamic/curve.png")).stat().st_size > 0
     ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     assert any(s["rule"] == "elias_ensemble" for s in ens["stages"])
