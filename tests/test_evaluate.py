@@ -13,6 +13,7 @@ L = 6 labels, 5 training documents with label frequencies N_l = [4, 2, 1, 1, 0, 
 from __future__ import annotations
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -80,6 +81,10 @@ def artifacts(tmp_path):
     ]:
         rec = {"stage": name, "rule": name, "method": "" if name in ("ingest", "tfidf") else "xr-linear", "wall_s": wall, "peak_rss_mb": rss, "timings_s": {},
                "params": {}, "metrics": metrics, "outputs": {}, "mlflow_run_id": f"run-{name}", "extra": extra}
+        if name == "ranker":      # trained on a GPU machine; the rest on a laptop
+            rec["machine"] = {"host": "gpu1", "cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H100"}
+        elif name != "ingest":    # a record of an earlier version has no machine
+            rec["machine"] = {"host": "laptop", "cpu": "Core i5", "cores": 2, "gpu": None}
         p = d / f"{name}.record.json"
         io.write_json(p, rec)
         recs.append(str(p))
@@ -133,6 +138,10 @@ def test_evaluate_end_to_end(artifacts):
     assert res["decile_bins"]["label_counts"] == [1] * 6 + [0] * 4
     # stages: ingest = data, tfidf + ranker = train, predict = predict
     assert [s["phase"] for s in res["stages"]] == ["data", "train", "train", "predict"]
+    # the machines each stage ran on, each once (CPU and GPU runs told apart)
+    assert [s["host"] for s in res["stages"]] == [None, "laptop", "gpu1", "laptop"]
+    assert res["machines"] == [{"host": "laptop", "cpu": "Core i5", "cores": 2, "gpu": None},
+                               {"host": "gpu1", "cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H100"}]
     assert res["total_train_time_s"] == pytest.approx(13.0)
     assert res["total_wall_s"] == pytest.approx(16.5)
     assert res["peak_rss_mb"] == pytest.approx(400.0)
@@ -260,6 +269,25 @@ def test_parent_run_id_without_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "xmc_steps.tracking", fake)
     monkeypatch.setattr(xmc_steps, "tracking", fake, raising=False)
     assert ev.parent_run_id("d", "m") is None
+
+
+def test_stage_records_say_which_machine_ran_them(tmp_path):
+    from xmc_steps.stage import cli_main, machine_info, stage_run
+
+    m = machine_info()
+    assert m["cores"] == os.cpu_count() and m["cpu"] and m["host"] is not None and m["gpu"] is None
+
+    def main(argv):
+        import argparse
+
+        from xmc_steps.stage import add_common_args
+
+        args = add_common_args(argparse.ArgumentParser()).parse_args(argv)
+        with stage_run("noop", args):
+            pass
+
+    assert cli_main(main, ["--record", str(tmp_path / "r.json"), "--no-tracking"]) == 0
+    assert io.read_json(tmp_path / "r.json")["machine"] == m
 
 
 def test_device_comes_from_the_stage_records():

@@ -126,8 +126,9 @@ def path_size(path: str | os.PathLike) -> int:
 
 
 def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, Any]:
-    """Per-stage table, train/total wall time, peak memory, model size, prediction latency."""
-    stages, model_paths = [], []
+    """Per-stage table, train/total wall time, peak memory, model size, prediction latency, and the
+    machines the stages ran on (host, CPU model, cores, GPU; each distinct one once)."""
+    stages, model_paths, machines = [], [], []
     parts, predicted = {}, False
     for r in records:
         extra = r.get("extra") or {}
@@ -139,8 +140,12 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             "peak_rss_mb": float(r["peak_rss_mb"]),
             "mlflow_run_id": r.get("mlflow_run_id"),
             "device": extra.get("device"),
+            "host": (r.get("machine") or {}).get("host"),
             "record": r.get("_path", ""),
         })
+        m = r.get("machine")
+        if m and m not in machines:
+            machines.append(dict(m))
         mps = extra.get("model_paths") or []
         for mp in (mps.values() if isinstance(mps, dict) else mps):
             if str(mp) not in model_paths:
@@ -168,6 +173,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
         "model_paths": model_paths,
         "predict_latency_ms_per_doc": round(sum(parts.values()), 6) if predicted else None,
         "predict_latency_parts_ms_per_doc": parts,
+        "machines": machines,
     }
 
 

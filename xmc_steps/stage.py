@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import platform
 import resource
 import shutil
 import sys
@@ -177,6 +178,33 @@ def _remove_outputs(paths: list[str]) -> None:
                 path.unlink()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a stage ran: host name, CPU model, logical cores, and the GPU the stage used (the name of
+    the current CUDA device when the stage initialised CUDA through torch; ``None`` otherwise).
+    A leaderboard mixing CPU and GPU runs says which is which from this."""
+    gpu = None
+    torch = sys.modules.get("torch")   # a stage that never imported torch used no GPU
+    if torch is not None:
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                gpu = torch.cuda.get_device_name(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 - a broken CUDA install must not fail the record
+            gpu = None
+    return {"host": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = None) -> Iterator[StageContext]:
     """Run a stage: logging, timing, peak memory, record, tracking, cleanup on failure.
@@ -216,6 +244,7 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
         "outputs": ctx.outputs,
         "tags": ctx.tags,
         "extra": ctx.extra,
+        "machine": machine_info(),
         "mlflow_run_id": None,
     }
     if not getattr(args, "no_tracking", False) and os.environ.get("XMC_TRACKING", "1") != "0":
