@@ -304,3 +304,30 @@ def test_propensity_constants_from_config_or_dataset_name():
     assert ev.propensity({"propensity": {"A": 0.5, "B": None}}, "my-wiki") == (0.5, 1.5)
     with pytest.raises(StageError, match="propensity"):
         ev.propensity({"propensity": {"C": 1.0}}, "debtags")
+
+
+def test_the_papers_figures_file_is_well_formed_and_read_by_target():
+    """workflow/reported.json (the evaluate rule's --reported): every entry a known dataset and a
+    target of this pipeline, P@1/3/5 as percentages, the paper and table named."""
+    import re
+    from pathlib import Path
+
+    from xmc_steps import datasets, layout
+
+    table = io.read_json(Path(__file__).resolve().parents[1] / "workflow" / "reported.json")
+    for ds, methods in table.items():
+        if ds.startswith("_"):
+            continue
+        assert ds in datasets.CANONICAL, ds
+        for method, fig in methods.items():
+            base, variant = layout.split_method(method)
+            assert base in ("xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn"), method
+            assert variant is None or variant in {"ensemble", "static", "no-feature-guide", "no-link-guide",
+                                                  *layout.ELIAS_VARIANTS}, method
+            assert re.search(r"Table \d", fig["source"]), (ds, method)
+            for k in ("p_at_1", "p_at_3", "p_at_5"):
+                assert 0 < fig[k] < 100, (ds, method, k)
+            assert fig["p_at_1"] >= fig["p_at_3"] >= fig["p_at_5"], (ds, method)
+    assert ev.select_reported(table, "wiki500k", "lightxml")["p_at_1"] == 76.19        # LightXML-1, Table 4
+    assert ev.select_reported(table, "wiki500k", "lightxml-ensemble")["p_at_1"] == 77.78
+    assert ev.select_reported(table, "debtags", "lightxml") is None

@@ -61,6 +61,7 @@ rule evaluate:
         labels=R(lay.INGEST) + "/labels.parquet",
         records=stage_records,
         config=rules.effective_config.output,
+        reported=os.path.join(workflow.basedir, "workflow", "reported.json"),
     output:
         # `snakemake --report report.html <targets>`: one category per dataset, a subcategory per method
         result=report(R(lay.METHOD) + ".json", category="{dataset}", subcategory="{method}",
@@ -82,5 +83,5 @@ rule evaluate:
     shell:
         "{PY} -m xmc_steps.evaluate --predictions {input.predictions} --truth {input.truth} "
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
-        "--effective-config {input.config} --out {output.result} --plot {output.plot} "
+        "--effective-config {input.config} --reported {input.reported:q} --out {output.result} --plot {output.plot} "
         "--method {wildcards.method} " + STAGE_ARGS
