@@ -138,6 +138,10 @@ def test_evaluate_end_to_end(artifacts):
     assert res["decile_bins"]["label_counts"] == [1] * 6 + [0] * 4
     # stages: ingest = data, tfidf + ranker = train, predict = predict
     assert [s["phase"] for s in res["stages"]] == ["data", "train", "train", "predict"]
+    # the recall@k curve behind the leaderboard's plot: R@1..100, agreeing with the metrics
+    rc = res["recall_curve"]
+    assert len(rc) == 100 and all(a <= b for a, b in zip(rc, rc[1:]))
+    assert (rc[9], rc[19], rc[99]) == pytest.approx((m["recall_at_10"], m["recall_at_20"], m["recall_at_100"]))
     # the machines each stage ran on, each once (CPU and GPU runs told apart)
     assert [s["host"] for s in res["stages"]] == [None, "laptop", "gpu1", "laptop"]
     assert res["machines"] == [{"host": "laptop", "cpu": "Core i5", "cores": 2, "gpu": None},

@@ -62,6 +62,7 @@ import scipy.sparse as sp
 
 from . import io
 from . import metrics as xm
+from .papers import select_reported
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "results.schema.json"
@@ -269,31 +270,6 @@ def tracking_enabled(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_tracking", False) and os.environ.get("XMC_TRACKING", "1") != "0"
 
 
-# --------------------------------------------------------------------------- reported figures
-
-
-def select_reported(obj: Any, dataset: str, method: str) -> dict[str, Any] | None:
-    """The paper's figures for (dataset, method) from a ``--reported`` JSON document.
-
-    Accepted layouts: ``{dataset: {method: {...}}}`` (the whole table), ``{method:
-    {...}}`` (one dataset's file) and a flat ``{...}`` of figures (already selected).
-    A flat object is recognised by having no object-valued entry other than
-    ``"source"``-like metadata.  Returns ``None`` when the pair is absent.
-    """
-    if not isinstance(obj, dict) or not obj:
-        return None
-    if dataset in obj and isinstance(obj[dataset], dict):
-        obj = obj[dataset]
-        if method in obj and isinstance(obj[method], dict):
-            return dict(obj[method])
-        return None
-    if method in obj and isinstance(obj[method], dict):
-        return dict(obj[method])
-    if any(isinstance(v, dict) for v in obj.values()):
-        return None  # a table that lacks this dataset/method
-    return dict(obj)
-
-
 # --------------------------------------------------------------------------- schema, plot
 
 
@@ -412,7 +388,8 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
     with st.timed("metrics"):
         w = xm.inverse_propensity(Y_train, A=A, B=B)
         try:
-            m = xm.all_metrics(scores, truth, w, freq, n_bins=N_BINS)
+            m = xm.all_metrics(scores, truth, w, freq, n_bins=N_BINS, curve=True)
+            curve = m.pop(xm.CURVE_KEY)
         except ValueError as e:
             raise StageError(f"cannot evaluate: {e}") from e
     n_empty = xm.n_docs_without_labels(truth)
@@ -450,6 +427,7 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "n_labels": int(L),
         "n_train_docs": int(Y_train.shape[0]),
         "prediction_k": pred_k,
+        "recall_curve": curve,
         "propensity": {"A": A, "B": B},
         "decile_bins": {
             "n_bins": N_BINS,

@@ -22,6 +22,8 @@ computed once and reused across methods and variants:
   (``sampling``: ``dynamic`` or ``static`` negatives; the model, ``predictions_test.parquet``); its clusters
   are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``; ``LIGHTXML_ENSEMBLE``; a GUDN model ``GUDN``
   ``gudn/{tree}/{enc}-{maxlen}/{guides}/`` (``guides``: ``full``, ``no-feature-guide``, ``no-link-guide``)
+* ``LEADERBOARD`` (every evaluated target of a dataset, ranked; :mod:`xmc_steps.leaderboard`) and the
+  cross-dataset ``LEADERBOARD_ALL``
 * a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
   snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
@@ -62,6 +64,8 @@ LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}/{sampling}"
 LIGHTXML_ENSEMBLE = "{dataset}/lightxml/ensemble-{variant}"
 GUDN = "{dataset}/gudn/{tree}/{enc}-{maxlen}/{guides}"
 METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
+LEADERBOARD = "{dataset}/leaderboard"   # + .md, .csv, .png, _recall.png, _deciles.png
+LEADERBOARD_ALL = "leaderboard"          # the cross-dataset table (+ .md)
 CONFIG = "{dataset}/config/{method}.json"
 RECORDS = "{dataset}/records"
 PREPARE = "{dataset}/prepare"

@@ -97,6 +97,7 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 #: List-valued key of :func:`all_metrics`: per-decile contribution to recall@100.
 DECILE_KEY = "decile_recall_at_100"
+CURVE_KEY = "recall_curve"
 
 _WIKI_SETS = frozenset({"wikilshtc-325k", "wiki500k"})
 _AMAZON_SETS = frozenset({"amazoncat13k", "amazon670k", "amazon3m", "lf-amazontitles131k"})
@@ -456,14 +457,16 @@ def all_metrics(
     train_freq: Any,
     n_bins: int = 10,
     chunk_rows: int | None = None,
+    curve: bool = False,
 ) -> dict[str, Any]:
     """Every reported metric in one pass, as **percentages (0-100)**.
 
     Keys (no ``@``: MLflow rejects it): ``p_at_{1,3,5}``, ``ndcg_at_{1,3,5}``,
     ``psp_at_{1,3,5}``, ``psndcg_at_{1,3,5}``, ``recall_at_{10,20,100}`` (floats) and
     ``decile_recall_at_100`` (list of ``n_bins`` floats, head decile first; they sum
-    to ``recall_at_100``).  Conventions as in the module docstring.  Raises
-    ``ValueError`` when no document has a relevant label.
+    to ``recall_at_100``); with ``curve=True`` also ``recall_curve``, R@1..100 (a list, for
+    the recall@k plots).  Conventions as in the module docstring.  Raises ``ValueError`` when
+    no document has a relevant label.
     """
     k = 100
     bins = label_deciles(train_freq, n_bins)
@@ -483,4 +486,6 @@ def all_metrics(
         for j in ks:
             out[f"{name}_at_{j}"] = float(100.0 * arr[j - 1])
     out[DECILE_KEY] = [float(100.0 * v) for v in _mean(acc["decile"], n)]
+    if curve:
+        out[CURVE_KEY] = [float(100.0 * v) for v in rec]
     return out

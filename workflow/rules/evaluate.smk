@@ -85,3 +85,77 @@ rule evaluate:
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
         "--effective-config {input.config} --reported {input.reported:q} --out {output.result} --plot {output.plot} "
         "--method {wildcards.method} " + STAGE_ARGS
+
+
+def evaluated_targets(dataset):
+    """The results files of a dataset's evaluated targets that exist now (a leaderboard ranks what has
+    run; it never asks for a target to be trained)."""
+    import glob
+    import re
+
+    keep = re.compile(r"(xr-linear|parabel|(xtransformer|elias|lightxml|gudn)(-[A-Za-z0-9_.-]+)?)\.json$")
+    out = []
+    for p in sorted(glob.glob(R(lay.METHOD, dataset=dataset, method="*") + ".json")):
+        if keep.search(os.path.basename(p)):
+            try:
+                with open(p, encoding="utf-8") as f:
+                    if "schema_version" in json.load(f):     # not a validation table (xtransformer-selection)
+                        out.append(p)
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+rule leaderboard:
+    """Every evaluated target of a dataset side by side, with the papers' figures and the plots."""
+    input:
+        # the results are not inputs: a leaderboard ranks what has run and never asks for a method to
+        # be (re)trained; `params.results` (their paths and times) reruns it when one changes or appears
+        reported=os.path.join(workflow.basedir, "workflow", "reported.json"),
+    output:
+        md=report(R(lay.LEADERBOARD) + ".md", category="{dataset}", subcategory="leaderboard",
+                  labels={"dataset": "{dataset}", "method": "leaderboard", "file": "table (Markdown)"}),
+        csv=R(lay.LEADERBOARD) + ".csv",
+        bars=report(R(lay.LEADERBOARD) + ".png", category="{dataset}", subcategory="leaderboard",
+                    labels={"dataset": "{dataset}", "method": "leaderboard", "file": "P@k"}),
+        recall=report(R(lay.LEADERBOARD) + "_recall.png", category="{dataset}", subcategory="leaderboard",
+                      labels={"dataset": "{dataset}", "method": "leaderboard", "file": "recall@k"}),
+        deciles=report(R(lay.LEADERBOARD) + "_deciles.png", category="{dataset}", subcategory="leaderboard",
+                       labels={"dataset": "{dataset}", "method": "leaderboard", "file": "decile-wise recall@100"}),
+        record=R(lay.RECORDS) + "/leaderboard.json",
+    log:
+        "logs/leaderboard/{dataset}.log",
+    params:
+        results=lambda w: [(p, os.path.getmtime(p)) for p in evaluated_targets(w.dataset)],
+        files=lambda w: " ".join(evaluated_targets(w.dataset)),
+        settings=lambda w: "{}",
+        hash=lambda w: "none",   # it depends on no setting
+    localrule: True
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.leaderboard --results {params.files} --reported {input.reported:q} --out {output.md} "
+        + STAGE_ARGS
+
+
+rule leaderboard_all:
+    """The cross-dataset leaderboard: the main columns of every dataset that has evaluated targets."""
+    input:
+        tables=lambda w: [R(lay.LEADERBOARD, dataset=os.path.basename(os.path.dirname(d))) + ".csv"
+                          for d in sorted(glob_datasets())],
+    output:
+        md=report(R(lay.LEADERBOARD_ALL) + ".md", category="all datasets", labels={"file": "leaderboard"}),
+    log:
+        "logs/leaderboard/all.log",
+    localrule: True
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.leaderboard --tables {input.tables} --out {output.md} --log {log:q} --no-tracking"
+
+
+def glob_datasets():
+    """Result folders (results/<dataset>/) holding at least one evaluated target."""
+    import glob
+
+    return [d + "/" for d in glob.glob(os.path.join(RES, "*")) if os.path.isdir(d) and evaluated_targets(os.path.basename(d))]

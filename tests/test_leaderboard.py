@@ -1,0 +1,78 @@
+import json
+
+import pytest
+
+from test_workflow import _run
+from xmc_steps import io, leaderboard
+
+
+def _res(method, p1, dataset="d", **more):
+    m = {k: 0.0 for k in leaderboard.METRICS}
+    m.update(p_at_1=p1, p_at_3=p1 / 2, p_at_5=p1 / 3, recall_at_10=p1, recall_at_20=p1 + 1, recall_at_100=p1 + 2,
+             decile_recall_at_100=[p1 / 2, p1 / 4] + [0.1] * 8)
+    return {"dataset": dataset, "method": method, "metrics": m, "total_train_time_s": 10.0,
+            "predict_latency_ms_per_doc": 1.5, "model_size_bytes": 2**20, "device": "cpu", "reported": None, **more}
+
+
+def test_rows_rank_by_p1_with_gains_over_parabel_and_the_papers_figures():
+    reported = {"d": {"lightxml": {"p_at_1": 77.0, "p_at_3": 58.0, "p_at_5": 45.0, "source": "LightXML Table 4"}}}
+    results = [_res("parabel", 50.0), _res("lightxml", 60.0, machines=[{"host": "g", "cpu": "x", "cores": 8,
+                                                                       "gpu": "NVIDIA H100"}]),
+               _res("xr-linear", 40.0, machines=[{"host": "l", "cpu": "Core i5", "cores": 2, "gpu": None}])]
+    rows = leaderboard.rows_of(results, reported)
+    assert [r["method"] for r in rows] == ["lightxml", "parabel", "xr-linear"]
+    assert rows[0]["gain_p_at_1"] == pytest.approx(20.0) and rows[2]["gain_p_at_1"] == pytest.approx(-20.0)
+    assert rows[0]["paper_p_at_1"] == 77.0 and rows[0]["paper_source"] == "LightXML Table 4"
+    assert rows[1]["paper_p_at_1"] is None
+    assert rows[0]["machine"] == "GPU NVIDIA H100" and rows[2]["machine"] == "CPU Core i5 (2 cores)"
+    md = leaderboard.markdown("d", rows)
+    assert "| lightxml | 60.00 |" in md and "LightXML Table 4" in md and "leaderboard_recall.png" in md
+    # no parabel run: no gains, no error
+    assert leaderboard.rows_of([_res("lightxml", 60.0)])[0]["gain_p_at_1"] is None
+
+
+def test_cli_writes_the_table_the_csv_and_three_plots(tmp_path):
+    files = []
+    for i, (m, p1) in enumerate((("parabel", 50.0), ("elias", 55.0))):
+        r = _res(m, p1, recall_curve=[min(100.0, p1 + k / 10) for k in range(100)] if i else None)
+        if r["recall_curve"] is None:
+            del r["recall_curve"]
+        io.write_json(tmp_path / f"{m}.json", r)
+        files.append(str(tmp_path / f"{m}.json"))
+    out = tmp_path / "lb" / "leaderboard.md"
+    from xmc_steps.stage import cli_main
+
+    assert cli_main(leaderboard.main, ["--results", *files, "--out", str(out), "--no-tracking"]) == 0
+    assert "| elias | 55.00 |" in out.read_text()
+    for f in ("leaderboard.csv", "leaderboard.png", "leaderboard_recall.png", "leaderboard_deciles.png"):
+        assert (out.parent / f).stat().st_size > 0, f
+    assert (out.parent / "leaderboard.png").read_bytes()[:4] == b"\x89PNG"
+    all_md = tmp_path / "all.md"
+    assert cli_main(leaderboard.main, ["--tables", str(out.parent / "leaderboard.csv"), "--out", str(all_md),
+                                       "--no-tracking"]) == 0
+    assert "## lb" in all_md.read_text() and "| elias | 55.00 |" in all_md.read_text()
+    assert cli_main(leaderboard.main, ["--results", "--out", str(tmp_path / "x.md"), "--no-tracking"]) != 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_leaderboard_targets_rank_what_has_run(toy_linear_run):
+    """`results/toy/leaderboard.md` and `results/leaderboard.md` from the toy's two evaluated targets,
+    without asking for any other target; a new results file reruns the leaderboard."""
+    tmp = toy_linear_run
+    r = _run(tmp, "results/toy/leaderboard.md", "results/leaderboard.md")
+    assert "xr_linear_train" not in r.stdout + r.stderr and "evaluate" not in r.stdout.split("Job stats")[-1][:400]
+    md = (tmp / "results/toy/leaderboard.md").read_text()
+    assert "| xr-linear |" in md and "| parabel |" in md
+    assert "## toy" in (tmp / "results/leaderboard.md").read_text()
+    again = _run(tmp, "results/toy/leaderboard.md", extra=["-n"])
+    assert "Nothing to be done" in again.stdout + again.stderr
+    res = json.loads((tmp / "results/toy/parabel.json").read_text())
+    io.write_json(tmp / "results/toy/notes.json", {"not": "a target"})        # not ranked, no rerun
+    r = _run(tmp, "results/toy/leaderboard.md", extra=["-n"])
+    assert "Nothing to be done" in r.stdout + r.stderr
+    io.write_json(tmp / "results/toy/lightxml.json", {**res, "method": "lightxml"})   # a new target: rerun
+    r = _run(tmp, "results/toy/leaderboard.md", extra=["-n"])
+    assert "rule leaderboard" in r.stdout + r.stderr and "xr_linear_train" not in r.stdout + r.stderr
+    for f in ("lightxml.json", "notes.json"):
+        (tmp / "results/toy" / f).unlink()

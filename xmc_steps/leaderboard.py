@@ -1,0 +1,225 @@
+"""Leaderboards: every evaluated target of a dataset side by side, next to the papers' figures.
+
+CLI::
+
+    python -m xmc_steps.leaderboard --results results/debtags/*.json --dataset debtags \\
+        --out results/debtags/leaderboard.md [--reported workflow/reported.json]
+    python -m xmc_steps.leaderboard --tables results/*/leaderboard.csv --out results/leaderboard.md
+
+Per dataset (``--results``: the results files of :mod:`xmc_steps.evaluate`, whichever exist) it
+writes ``leaderboard.md`` and ``leaderboard.csv`` (one row per target: P@1/3/5, nDCG@1/3/5,
+PSP@1/3/5, R@10/20/100, training time, end-to-end prediction ms/document, model size, device and
+machine, each metric's gain over Parabel on the same data as X-Transformer's Table 6 gives it
+(``(ours - parabel) / parabel``), and the paper's P@1/3/5 for the same dataset and target with its
+source) and three figures: ``leaderboard.png`` (P@1/3/5 bars), ``leaderboard_recall.png``
+(recall@k for k = 1..100 of every target; targets evaluated before the curve was recorded show
+their R@10/20/100 points) and ``leaderboard_deciles.png`` (each target's recall@100 split over the
+label-frequency deciles, head first, ELIAS Fig. 5 right).  Rows are sorted by P@1, best first.
+With ``--tables`` it writes the cross-dataset table (one block per dataset, the main columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from . import io
+from .papers import select_reported
+from .stage import StageError, add_common_args, cli_main, stage_run
+
+METRICS = ["p_at_1", "p_at_3", "p_at_5", "ndcg_at_1", "ndcg_at_3", "ndcg_at_5", "psp_at_1", "psp_at_3", "psp_at_5",
+           "recall_at_10", "recall_at_20", "recall_at_100"]
+HEAD = {"p_at_1": "P@1", "p_at_3": "P@3", "p_at_5": "P@5", "ndcg_at_1": "nDCG@1", "ndcg_at_3": "nDCG@3",
+        "ndcg_at_5": "nDCG@5", "psp_at_1": "PSP@1", "psp_at_3": "PSP@3", "psp_at_5": "PSP@5", "recall_at_10": "R@10",
+        "recall_at_20": "R@20", "recall_at_100": "R@100"}
+BASELINE = "parabel"
+
+
+def _machine(res: Mapping[str, Any]) -> str:
+    ms = res.get("machines") or []
+    gpus = sorted({m["gpu"] for m in ms if m.get("gpu")})
+    if gpus:
+        return "GPU " + ", ".join(gpus)
+    cpus = sorted({f"{m.get('cpu')} ({m.get('cores')} cores)" for m in ms})
+    return "CPU " + ", ".join(cpus) if cpus else str(res.get("device", ""))
+
+
+def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One leaderboard row per results document, best P@1 first; gains over Parabel where it ran."""
+    results = list(results)
+    base = next((r["metrics"] for r in results if r["method"] == BASELINE), None)
+    rows = []
+    for r in results:
+        m = r["metrics"]
+        row: dict[str, Any] = {"method": r["method"], **{k: m[k] for k in METRICS}}
+        row["train_time_s"] = r.get("total_train_time_s")
+        row["predict_ms_per_doc"] = r.get("predict_latency_ms_per_doc")
+        row["model_size_mb"] = (r.get("model_size_bytes") or 0) / 2**20
+        row["device"] = r.get("device")
+        row["machine"] = _machine(r)
+        for k in ("p_at_1", "p_at_3", "p_at_5"):
+            row[f"gain_{k}"] = (m[k] - base[k]) / base[k] * 100 if base and base[k] else None
+        paper = select_reported(reported or {}, r["dataset"], r["method"]) or r.get("reported") or {}
+        for k in ("p_at_1", "p_at_3", "p_at_5"):
+            row[f"paper_{k}"] = paper.get(k)
+        row["paper_source"] = paper.get("source")
+        rows.append(row)
+    rows.sort(key=lambda x: -x["p_at_1"])
+    return rows
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
+    cols = ["method"] + METRICS + ["train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
+                                   "paper_p_at_3", "paper_p_at_5", "machine"]
+    names = {**HEAD, "method": "target", "train_time_s": "train s", "predict_ms_per_doc": "predict ms/doc",
+             "model_size_mb": "model MB", "gain_p_at_1": "P@1 gain over Parabel %", "paper_p_at_1": "paper P@1",
+             "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine"}
+    out = [f"# Leaderboard: {dataset}", "",
+           "Metrics in percent on the test split, best P@1 first; 'paper' columns are the papers' own figures for this "
+           "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data.", "",
+           "| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
+    sources = sorted({(r["method"], r["paper_source"]) for r in rows if r["paper_source"]})
+    if sources:
+        out += ["", "Papers' figures:"] + [f"- {m}: {s}" for m, s in sources]
+    out += ["", "![P@k](leaderboard.png)", "![recall@k](leaderboard_recall.png)",
+            "![decile-wise recall@100](leaderboard_deciles.png)", ""]
+    return "\n".join(out)
+
+
+def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    with io.atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["method"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plots(results: list[Mapping[str, Any]], rows: list[dict[str, Any]], stem: Path, dataset: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    by = {r["method"]: r for r in results}
+    order = [r["method"] for r in rows]
+    paths = []
+    # P@k bars
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(order) + 2), 4.0))
+    x = np.arange(len(order))
+    for j, k in enumerate((1, 3, 5)):
+        ax.bar(x + (j - 1) * 0.27, [by[m]["metrics"][f"p_at_{k}"] for m in order], 0.27, label=f"P@{k}")
+    ax.set_xticks(x, order, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("precision (%)")
+    ax.set_title(f"{dataset}: P@k")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, stem.with_name(stem.name + ".png")))
+    # recall@k curves
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for m in order:
+        r = by[m]
+        if r.get("recall_curve"):
+            ax.plot(np.arange(1, len(r["recall_curve"]) + 1), r["recall_curve"], label=m)
+        else:
+            ax.plot([10, 20, 100], [r["metrics"][f"recall_at_{k}"] for k in (10, 20, 100)], "o--", label=m)
+    ax.set_xlabel("k")
+    ax.set_ylabel("recall@k (%)")
+    ax.set_title(f"{dataset}: recall@k")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, stem.with_name(stem.name + "_recall.png")))
+    # decile-wise recall@100
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for m in order:
+        d = by[m]["metrics"]["decile_recall_at_100"]
+        ax.plot(np.arange(1, len(d) + 1), d, "o-", label=m)
+    ax.set_xlabel("label decile (1 = most frequent labels)")
+    ax.set_ylabel("contribution to recall@100 (%, log scale)")
+    ax.set_yscale("symlog", linthresh=0.1)     # the head decile holds most of it: the tail would be flat
+    ax.set_title(f"{dataset}: decile-wise recall@100")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, stem.with_name(stem.name + "_deciles.png")))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    return path
+
+
+def cross_dataset(tables: list[Path]) -> str:
+    """The main columns of every dataset's leaderboard, one block per dataset."""
+    cols = ["method", "p_at_1", "p_at_3", "p_at_5", "recall_at_100", "gain_p_at_1", "paper_p_at_1", "train_time_s",
+            "machine"]
+    out = ["# Leaderboard: all datasets", ""]
+    for t in sorted(tables):
+        with open(t, encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        out += [f"## {t.parent.name}", "", "| target | P@1 | P@3 | P@5 | R@100 | P@1 gain over Parabel % | paper P@1 | "
+                "train s | machine |", "|" + "---|" * len(cols)]
+        for r in rows:
+            out.append("| " + " | ".join(_fmt(_num(r.get(c))) for c in cols) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _num(v: Any) -> Any:
+    try:
+        return float(v) if v not in (None, "") else None
+    except ValueError:
+        return v
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.leaderboard", description=__doc__.splitlines()[0])
+    p.add_argument("--results", nargs="*", default=[], help="results files of one dataset")
+    p.add_argument("--tables", nargs="*", default=[], help="leaderboard.csv files: the cross-dataset table")
+    p.add_argument("--out", required=True, help="leaderboard .md (the .csv and .png beside it)")
+    p.add_argument("--reported", help="the papers' figures (workflow/reported.json)")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.tables:
+        with stage_run("leaderboard", args, outputs=[str(out)]) as st:
+            io.write_text(out, cross_dataset([Path(t) for t in args.tables]))
+            st.output("leaderboard", out)
+        return
+    stem = out.with_suffix("")
+    names = [str(out), str(stem) + ".csv"] + [str(stem) + s for s in (".png", "_recall.png", "_deciles.png")]
+    with stage_run("leaderboard", args, outputs=names) as st:
+        results = []
+        for f in args.results:
+            try:
+                results.append(io.read_json(f))
+            except (OSError, ValueError) as e:
+                raise StageError(f"{f}: {e}") from e
+        if not results:
+            raise StageError("no results file to rank: evaluate a target first (results/<dataset>/<method>.json)")
+        dataset = args.dataset or results[0]["dataset"]
+        reported = io.read_json(args.reported) if args.reported else None
+        rows = rows_of(results, reported)
+        io.write_text(out, markdown(dataset, rows))
+        write_csv(str(stem) + ".csv", rows)
+        plots(results, rows, stem, dataset)
+        st.metric("targets", len(rows))
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))
