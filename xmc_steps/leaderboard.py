@@ -123,10 +123,7 @@ def plots(results: list[Mapping[str, Any]], rows: list[dict[str, Any]], stem: Pa
     for j, k in enumerate((1, 3, 5)):
         ax.bar(x + (j - 1) * 0.27, [by[m]["metrics"][f"p_at_{k}"] for m in order], 0.27, label=f"P@{k}")
     ax.set_xticks(x, order, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("precision (%)")
-    ax.set_title(f"{dataset}: P@k")
-    ax.legend(fontsize=8)
-    paths.append(_save(fig, stem.with_name(stem.name + ".png")))
+    paths.append(_finish(fig, ax, None, "precision (%)", f"{dataset}: P@k", stem.with_name(stem.name + ".png")))
     # recall@k curves
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for m in order:
@@ -135,28 +132,28 @@ def plots(results: list[Mapping[str, Any]], rows: list[dict[str, Any]], stem: Pa
             ax.plot(np.arange(1, len(r["recall_curve"]) + 1), r["recall_curve"], label=m)
         else:
             ax.plot([10, 20, 100], [r["metrics"][f"recall_at_{k}"] for k in (10, 20, 100)], "o--", label=m)
-    ax.set_xlabel("k")
-    ax.set_ylabel("recall@k (%)")
-    ax.set_title(f"{dataset}: recall@k")
-    ax.legend(fontsize=7)
-    paths.append(_save(fig, stem.with_name(stem.name + "_recall.png")))
+    paths.append(_finish(fig, ax, "k", "recall@k (%)", f"{dataset}: recall@k",
+                         stem.with_name(stem.name + "_recall.png")))
     # decile-wise recall@100
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for m in order:
         d = by[m]["metrics"]["decile_recall_at_100"]
         ax.plot(np.arange(1, len(d) + 1), d, "o-", label=m)
-    ax.set_xlabel("label decile (1 = most frequent labels)")
-    ax.set_ylabel("contribution to recall@100 (%, log scale)")
     ax.set_yscale("symlog", linthresh=0.1)     # the head decile holds most of it: the tail would be flat
-    ax.set_title(f"{dataset}: decile-wise recall@100")
-    ax.legend(fontsize=7)
-    paths.append(_save(fig, stem.with_name(stem.name + "_deciles.png")))
+    paths.append(_finish(fig, ax, "label decile (1 = most frequent labels)", "contribution to recall@100 (%, log scale)",
+                         f"{dataset}: decile-wise recall@100", stem.with_name(stem.name + "_deciles.png")))
     return paths
 
 
-def _save(fig, path: Path) -> Path:
+def _finish(fig, ax, xlabel: str | None, ylabel: str, title: str, path: Path) -> Path:
+    """Label a plot, add its legend and write it (PNG, atomically)."""
     import matplotlib.pyplot as plt
 
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     with io.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")
