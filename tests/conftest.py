@@ -44,3 +44,16 @@ def toy_linear_run(tmp_path_factory):
     _toy(tmp)
     _run(tmp, "results/toy/xr-linear.json", "results/toy/parabel.json")
     return tmp
+
+
+@pytest.fixture(scope="session")
+def neural_toy_run(tmp_path_factory):
+    """The toy's neural targets run once through the DAG: MiniLM, 16 tokens, a few steps; read by
+    the end-to-end test, copied by the guard test (which then needs only its matcher job) and the
+    local half of the SLURM test (which adds its own two targets to it)."""
+    from test_workflow import NEURAL_OVERRIDES, NEURAL_TARGETS, _run, _toy
+
+    tmp = tmp_path_factory.mktemp("toy-neural")
+    _toy(tmp)
+    _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=NEURAL_OVERRIDES)
+    return tmp

@@ -14,10 +14,10 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from test_workflow import NEURAL_TINY, _run, _toy
+from test_workflow import NEURAL_OVERRIDES, _run, _toy
 
 TARGETS = ["results/toy/xr-linear.json", "results/toy/elias-stage1.json"]
-OVERRIDES = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, **NEURAL_TINY}}}
+OVERRIDES = NEURAL_OVERRIDES     # the neural toy run's settings: its folder is the local run (below)
 GPU_RULES = {"matcher", "embed_pretrained", "elias_stage1", "elias_stage2", "elias_predict"}
 SLURM_ARGS = [
     "--workflow-profile", str(ROOT / "workflow" / "profiles" / "slurm"),
@@ -67,12 +67,13 @@ def _jobs(out: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The targets run locally and on SLURM, in two folders: (local dir, slurm dir, slurm output, seconds)."""
+def runs(tmp_path_factory, neural_toy_run):
+    """The targets run locally and on SLURM, in two folders: (local dir, slurm dir, slurm output, seconds).
+    The local run is the neural toy run's folder (same settings), which already holds the shared
+    stages and the stage-1 ELIAS model: only these targets' own jobs run there."""
     import time
 
-    local = tmp_path_factory.mktemp("local")
-    _toy(local)
+    local = neural_toy_run
     _run(local, *TARGETS, overrides=OVERRIDES)
     slurm = tmp_path_factory.mktemp("slurm")
     _toy(slurm)

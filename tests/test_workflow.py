@@ -263,15 +263,8 @@ NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfi
                   "results/toy/elias-ensemble.json", "results/toy/lightxml.json"]
 
 
-@pytest.fixture(scope="module")
-def neural_toy_run(tmp_path_factory):
-    """The toy's neural targets run once through the DAG: MiniLM, 16 tokens, a few steps; read by
-    the end-to-end test and copied by the guard test (which then needs only its matcher job)."""
-    tmp = tmp_path_factory.mktemp("toy-neural")
-    _toy(tmp)
-    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
-    _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=over)
-    return tmp
+#: the settings of the neural toy runs (tests/conftest.py's neural_toy_run, and the SLURM test's)
+NEURAL_OVERRIDES = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
 
 
 @pytest.mark.slow
