@@ -15,7 +15,7 @@ def _constraints() -> set[str]:
     """The wildcard names common.smk constrains."""
     text = (ROOT / "workflow" / "rules" / "common.smk").read_text()
     block = text[text.index("wildcard_constraints:"):text.index("def R(")]
-    return set(re.findall(r"^\s+(\w+)=r", block, flags=re.M))
+    return set(re.findall(r"^\s+(\w+)=", block, flags=re.M))
 
 
 def test_every_pattern_is_under_a_dataset_and_uses_constrained_wildcards():

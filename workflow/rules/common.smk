@@ -30,11 +30,13 @@ STAGE_ARGS = ("--params {params.settings:q} --record {output.record} --log {log:
 DATA = config["data_dir"]
 RES = config["results_dir"]
 METHODS = ["xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn"]
+# a target's method: a linear baseline, or a method with variants (layout.VARIANT_METHODS) and its variant
+METHOD_RE = r"xr-linear|parabel|(" + "|".join(lay.VARIANT_METHODS) + r")(-[A-Za-z0-9_.-]+)?"
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    method=r"xr-linear|parabel|(xtransformer|elias|lightxml|gudn)(-[A-Za-z0-9_.-]+)?",
+    method=METHOD_RE,
     enc=r"[A-Za-z0-9][A-Za-z0-9_]*",
     maxlen=r"\d+",
     emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",

@@ -93,10 +93,10 @@ def evaluated_targets(dataset):
     import glob
     import re
 
-    keep = re.compile(r"(xr-linear|parabel|(xtransformer|elias|lightxml|gudn)(-[A-Za-z0-9_.-]+)?)\.json$")
+    keep = re.compile(rf"^({METHOD_RE})\.json$")
     out = []
     for p in sorted(glob.glob(R(lay.METHOD, dataset=dataset, method="*") + ".json")):
-        if keep.search(os.path.basename(p)):
+        if keep.match(os.path.basename(p)):
             try:
                 with open(p, encoding="utf-8") as f:
                     if "schema_version" in json.load(f):     # not a validation table (xtransformer-selection)

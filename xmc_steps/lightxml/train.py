@@ -23,7 +23,7 @@ class _TrainBox(nn.Module):
     """What a checkpoint holds: the model, its weight average and, for static negatives, the
     clusters drawn once for every training text (``static_top``, ``-1`` until drawn)."""
 
-    def __init__(self, model: LightXMLModel, swa: WeightAverage, n_static: int = 0):
+    def __init__(self, model: LightXMLModel, swa: WeightAverage | None, n_static: int = 0):
         super().__init__()
         self.lightxml = model
         self.swa = swa
@@ -96,8 +96,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         heads += [(f"bottleneck.{k}", v) for k, v in model.bottleneck.named_parameters()]
         heads += [("label_emb.weight", model.label_emb.weight)]
     groups = param_groups({"encoder": (model.encoder, tp.lr), "heads": (heads, tp.lr)}, tp.weight_decay)
-    swa = WeightAverage(model)
     swa_first, swa_every = params.swa_schedule(n)
+    swa = WeightAverage(model) if swa_first <= tp.steps else None   # no copy of the weights when unused
     static_at = params.static_step()
     if static_at is not None and model.flat:
         raise ValueError("static negatives need label clusters: with one label per cluster every label is scored "
@@ -128,7 +128,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     def step_end(step: int) -> dict[str, float] | None:
         if static_at is not None and step == static_at:
             draw()
-        if step >= swa_first and (step - swa_first) % swa_every == 0:
+        if swa is not None and step >= swa_first and (step - swa_first) % swa_every == 0:
             swa.update(model)
         if vt is None or (step % params.eval_every and step != tp.steps):
             return None
@@ -166,7 +166,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         return loss, logs
 
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
-    if int(swa.n) > 0:
+    if swa is not None and int(swa.n) > 0:
         log.info("weight average of %d snapshots (from step %d, every %d steps) replaces the last weights",
                  int(swa.n), swa_first, swa_every)
         swa.copy_to(model)
