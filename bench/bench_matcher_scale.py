@@ -26,12 +26,10 @@ every configuration (``--set epochs=1``).  Writes ``<out>/curves.json`` and
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
