@@ -162,6 +162,7 @@ import torch
 from torch import nn
 
 from . import encoders, io, neural
+from .linear_start import least_squares_head
 from .negatives import binarize
 from .neural_stage import (load_tokens, load_trained, record_training, remove_checkpoints, save_trained,
                            stage_params, training_device)
@@ -552,20 +553,11 @@ def build_model(params: MatcherParams, n_clusters: int, pretrained: bool = True)
 def linear_head(emb: np.ndarray, M: sp.spmatrix, l2: float = 0.01) -> np.ndarray:
     """The least-squares head for Eq. 3's targets on fixed embeddings (``K x d``, float32).
 
-    ``W = argmin_W sum_ik (w_k . phi_i - M~_ik)^2 + lam ||W||^2`` with ``M~ = 2M - 1``:
-    ``(Phi^T Phi + lam I) W^T = 2 Phi^T M - Phi^T 1``, one ``d x d`` system for every cluster
-    (``lam = l2 * trace(Phi^T Phi) / d``).  Cost ``O(N d^2 + nnz(M) d + K d^2)``; nothing is
-    ``N x K``.
+    ``W = argmin_W sum_ik (w_k . phi_i - M~_ik)^2 + lam ||W||^2`` with ``M~ = 2M - 1`` (the head
+    has no bias): :func:`xmc_steps.linear_start.least_squares_head`, one ``d x d`` system for
+    every cluster (``lam = l2 * trace(Phi^T Phi) / d``).
     """
-    E = np.asarray(emb, dtype=np.float64)
-    d = E.shape[1]
-    G = E.T @ E
-    G[np.diag_indices(d)] += float(l2) * max(np.trace(G) / d, 1e-12)
-    R = 2.0 * np.asarray(binarize(M).T.tocsr() @ E).T - E.sum(axis=0)[:, None]   # d x K
-    import scipy.linalg
-
-    W = scipy.linalg.solve(G, R, assume_a="pos")
-    return np.ascontiguousarray(W.T, dtype=np.float32)
+    return least_squares_head(emb, M, l2)[0]
 
 
 def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: MatcherParams | Mapping[str, Any],

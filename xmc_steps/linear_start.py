@@ -1,0 +1,49 @@
+"""The linear start of a neural head: a least-squares fit of the head's targets on the
+*pre-trained* encoder's embeddings of the training texts, before fine-tuning begins.
+
+A randomly initialised head over thousands of outputs, trained jointly with the encoder by a loss
+averaged over the outputs (the X-Transformer matcher's squared hinge, LightXML's BCE), first drives
+every output towards "negative"; the encoder's gradients are then noise and the model settles on
+the label priors (the X-Transformer matcher at K = 2,048, LightXML on debtags).  Starting the head
+from the closed-form ridge solution on the encoder's own features (XR-Transformer's "linear
+bootstrap", the first half of linear-probe-then-fine-tune) gives fine-tuning a head that already
+ranks.  Used by :mod:`xmc_steps.matcher` (``head_init: linear``) and :mod:`xmc_steps.lightxml`
+(``head_init: linear``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+
+def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001, scale: float = 1.0,
+                       bias: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(W, b)``: the ridge fit of ``scale * (2T - 1)`` (``T`` = ``targets`` binarised, ``N x K``) on
+    ``emb`` (``N x d``): ``W`` is ``K x d`` float32; ``b`` (``K``) is ``None`` unless ``bias``.
+
+    Without bias: ``(E^T E + lam I) W^T = scale (2 E^T T - E^T 1)``.  With bias the embeddings are
+    centred first (the bias is not penalised): ``W`` from the centred system, ``b = scale (2 mean(T)
+    - 1) - W mean(E)``.  ``lam = l2 * trace(E^T E) / d`` (of the centred ``E`` with bias): ``l2`` is
+    relative to the mean eigenvalue, so it means the same for any embedding scale.  One ``d x d``
+    system for all outputs: ``O(N d^2 + nnz(T) d + K d^2)``; nothing is ``N x K``.
+    """
+    E = np.asarray(emb, dtype=np.float64)
+    T = sp.csr_matrix(targets, dtype=np.float64, copy=True)
+    T.data[:] = 1.0
+    if T.shape[0] != E.shape[0]:
+        raise ValueError(f"targets have {T.shape[0]} rows but the embeddings {E.shape[0]}")
+    d = E.shape[1]
+    mu = E.mean(axis=0) if bias else np.zeros(d)
+    if bias:
+        E = E - mu
+    G = E.T @ E
+    G[np.diag_indices(d)] += float(l2) * max(np.trace(G) / d, 1e-12)
+    R = 2.0 * np.asarray(T.T @ E).T - E.sum(axis=0)[:, None]          # d x K (the sum is 0 when centred)
+    W = float(scale) * scipy.linalg.solve(G, R, assume_a="pos").T
+    if not bias:
+        return np.ascontiguousarray(W, dtype=np.float32), None
+    t_mean = np.asarray(T.mean(axis=0)).ravel()
+    b = float(scale) * (2.0 * t_mean - 1.0) - W @ mu
+    return np.ascontiguousarray(W, dtype=np.float32), b.astype(np.float32)
