@@ -257,3 +257,65 @@ def test_static_negatives_are_drawn_once_after_the_generator_phase(tiny, tmp_pat
     flat = lightxml.build_model(params, 8, None, None)
     with pytest.raises(ValueError, match="static negatives need label clusters"):
         train_lightxml(flat, tokens, Y, params, None)
+
+
+def test_least_squares_head_with_bias_is_the_centred_ridge_fit():
+    from xmc_steps.linear_start import least_squares_head
+
+    rng = np.random.default_rng(0)
+    E = (rng.normal(size=(300, 5)) + 3.0).astype(np.float32)     # far from centred: the bias matters
+    T = sp.random(300, 4, density=0.3, random_state=1, format="csr")
+    W, b = least_squares_head(E, T, l2=1e-3, scale=4.0, bias=True)
+    Ec = E.astype(np.float64) - E.mean(0)
+    lam = 1e-3 * np.trace(Ec.T @ Ec) / 5
+    tgt = 4.0 * (2.0 * (T.toarray() > 0) - 1.0)
+    W_ref = np.linalg.solve(Ec.T @ Ec + lam * np.eye(5), Ec.T @ (tgt - tgt.mean(0))).T
+    np.testing.assert_allclose(W, W_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b, tgt.mean(0) - W_ref @ E.mean(0), rtol=1e-4, atol=1e-4)
+    W0, b0 = least_squares_head(E, T, l2=1e-3)
+    assert b0 is None and W0.shape == (4, 5)
+
+
+@pytest.mark.parametrize("flat_max_labels", [8, 4])
+def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny, tmp_path, flat_max_labels):
+    """head_init: linear sets the generator from the least-squares fit on the pre-trained
+    representations (clusters' targets when clustered): with a learning rate of ~0 the model is
+    already far above the prior; a resumed run keeps the trained weights."""
+    torch.set_num_threads(1)
+    d = _write_toy(tmp_path, n_train=64, n_valid=32)
+    tokens, Y = neural.TokenData.load(d / "tokens_train.npz"), io.load_csr(d / "Y_train.npz")
+    vt, vY = neural.TokenData.load(d / "tokens_valid.npz"), io.load_csr(d / "Y_valid.npz")
+    flat = flat_max_labels >= 8
+    cluster_of, K = (None, None) if flat else (np.arange(8) // 2, 4)
+    params = lightxml.LightXMLParams(encoder=tiny, last_k=2, topb=2, hidden=8, eval_every=0, device="cpu",
+                                     swa_start=1.0, head_init="linear", head_init_l2=1e-3, lr_head=1e-3,
+                                     train=TrainParams(steps=1, batch_size=8, lr=1e-9, checkpoint_every=1))
+    params = params.resolved(64)
+    torch.manual_seed(0)
+    model = lightxml.build_model(params, 8, cluster_of, K)
+    emb = neural.embed(model.encoder, tokens, device="cpu", progress=None)
+    targets = lightxml.train.cluster_targets(model, Y)
+    assert targets.shape == (64, 8 if flat else 4)
+    W_ref, b_ref = __import__("xmc_steps.linear_start", fromlist=["x"]).least_squares_head(
+        emb, targets, 1e-3, params.head_init_scale, bias=True)
+    lightxml.train.linear_start(model, tokens, Y, params, "cpu", neural._default_log)
+    np.testing.assert_allclose(model.generator.weight.detach().numpy(), W_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.generator.bias.detach().numpy(), b_ref, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(0)
+    model = lightxml.build_model(params, 8, cluster_of, K)
+    train_lightxml(model, tokens, Y, params, tmp_path / "ck")
+    # the generator's top cluster (the label itself when flat) is a true one for most texts; the prior's
+    # top label is true for a quarter of them
+    top = lightxml.train.draw_top_clusters(model, vt, 64, "cpu")[:, 0]
+    hit = np.asarray(lightxml.train.cluster_targets(model, vY)[np.arange(len(top)), top]).ravel()
+    prior = lightxml.train.frequency_prior(Y, vY)["p_at_1"]
+    assert hit.mean() >= 0.75 and prior <= 0.5, (hit.mean(), prior)
+    # resume: the finished run's checkpoint is loaded, the start is not fitted again
+    called = []
+    real = lightxml.train.linear_start
+    lightxml.train.linear_start = lambda *a, **k: called.append(1) or real(*a, **k)
+    try:
+        train_lightxml(lightxml.build_model(params, 8, cluster_of, K), tokens, Y, params, tmp_path / "ck")
+    finally:
+        lightxml.train.linear_start = real
+    assert called == []

@@ -16,6 +16,7 @@ TRAIN_DEFAULTS = {"epochs": 3.0, "batch_size": 16, "lr": 1e-4, "schedule": "cons
 TRAIN_CANDIDATES = ("positives", "positive-clusters")
 BOTTLENECKS = ("sigmoid", "linear")
 NEGATIVES = ("dynamic", "static")
+HEAD_INITS = ("random", "linear")
 
 
 @dataclass
@@ -31,6 +32,10 @@ class LightXMLParams(Params):
     bottleneck: str = "sigmoid"       # sigmoid (Eq. 4) | linear (the authors' code)
     negatives: str = "dynamic"        # dynamic (the method) | static (Table 5's ablation, see the package docstring)
     static_switch: float = 0.5        # static: the fraction of the steps the generator trains alone before the draw
+    head_init: str = "random"         # random (the paper) | linear: the generator starts as a least-squares fit
+    head_init_l2: float = 0.001       # ... ridge of that fit, relative to the mean eigenvalue of E^T E
+    head_init_scale: float = 4.0      # ... of the targets +-scale (the start's logits)
+    lr_head: float | None = None      # the generator's, bottleneck's and label embeddings' rate; None: train.lr
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
     swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
@@ -65,6 +70,13 @@ class LightXMLParams(Params):
             raise ValueError(f"negatives must be one of {', '.join(NEGATIVES)}, got {self.negatives!r}")
         if not 0.0 < self.static_switch < 1.0:
             raise ValueError(f"static_switch must be a fraction in (0, 1), got {self.static_switch}")
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        if not self.head_init_l2 > 0 or not self.head_init_scale > 0:
+            raise ValueError(f"head_init_l2 and head_init_scale must be > 0, got {self.head_init_l2}, "
+                             f"{self.head_init_scale}")
+        if self.lr_head is not None and not self.lr_head > 0:
+            raise ValueError(f"lr_head must be > 0 (or null: train.lr), got {self.lr_head}")
         if self.bottleneck not in BOTTLENECKS:
             raise ValueError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         if self.train.lr is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -14,7 +15,8 @@ from torch import nn
 
 from .. import metrics, neural
 from ..neural_stage import valid_subset
-from ..trainer import Trainer, WeightAverage, digest, param_groups
+from ..linear_start import least_squares_head
+from ..trainer import Trainer, WeightAverage, digest, list_checkpoints, param_groups
 from .model import LightXMLModel, predict
 from .params import LightXMLParams
 
@@ -39,6 +41,31 @@ def draw_top_clusters(model: LightXMLModel, tokens: neural.TokenData, batch_size
     for idx, top in neural.run_inference(fn, model, tokens, batch_size, device, amp, progress, what="static negatives"):
         out[idx] = top.cpu().numpy()
     return out
+
+
+def cluster_targets(model: LightXMLModel, Y: sp.spmatrix) -> sp.csr_matrix:
+    """The generator's targets (``N x K``): the labels themselves when flat, else each text's clusters."""
+    Y = sp.csr_matrix(Y)
+    if model.flat:
+        return Y
+    cof = model.cluster_of.cpu().numpy()
+    C = sp.csr_matrix((np.ones(len(cof), np.float32), (np.arange(len(cof)), cof)), shape=(len(cof), model.n_clusters))
+    return sp.csr_matrix(Y @ C)
+
+
+def linear_start(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
+                 device: torch.device | str, log: logging.Logger) -> None:
+    """``head_init: linear``: the generator's ``W_g, b_g`` from the least-squares fit of its targets
+    (``+-head_init_scale``) on the pre-trained encoder's representations of the training texts (eval
+    mode: no dropout), :func:`xmc_steps.linear_start.least_squares_head`."""
+    t0 = time.perf_counter()
+    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
+    W, b = least_squares_head(emb, cluster_targets(model, Y), params.head_init_l2, params.head_init_scale, bias=True)
+    with torch.no_grad():
+        model.generator.weight.copy_(torch.from_numpy(W))
+        model.generator.bias.copy_(torch.from_numpy(b))
+    log.info("generator initialised by least squares on the pre-trained representations (l2 %g, targets +-%g) in "
+             "%.1f s", params.head_init_l2, params.head_init_scale, time.perf_counter() - t0)
 
 
 def valid_metrics(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
@@ -95,7 +122,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     if not model.flat:
         heads += [(f"bottleneck.{k}", v) for k, v in model.bottleneck.named_parameters()]
         heads += [("label_emb.weight", model.label_emb.weight)]
-    groups = param_groups({"encoder": (model.encoder, tp.lr), "heads": (heads, tp.lr)}, tp.weight_decay)
+    lr_head = params.lr_head if params.lr_head is not None else tp.lr
+    groups = param_groups({"encoder": (model.encoder, tp.lr), "heads": (heads, lr_head)}, tp.weight_decay)
     swa_first, swa_every = params.swa_schedule(n)
     swa = WeightAverage(model) if swa_first <= tp.steps else None   # no copy of the weights when unused
     static_at = params.static_step()
@@ -104,13 +132,17 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                          "(set flat_max_labels below the number of labels for a clustered model)")
     box = _TrainBox(model, swa, n if static_at is not None else 0)
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
-          "negatives": params.negatives, "static_step": static_at,
+          "negatives": params.negatives, "static_step": static_at, "lr_head": params.lr_head,
+          "start": [params.head_init] + ([params.head_init_l2, params.head_init_scale] if params.head_init == "linear" else []),
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices)}
     if label_tokens is not None:
         fp["label_tokens"] = digest(label_tokens.input_ids, label_tokens.lengths)
     if not model.flat:
         fp["clusters"] = digest(model.cluster_of.cpu().numpy())
     fp.update(dict(fingerprint or {}))
+    if params.head_init == "linear" and not (ckpt_dir is not None and list_checkpoints(ckpt_dir)):
+        model.to(neural.resolve_device(params.device))
+        linear_start(model, tokens, Y, params, neural.resolve_device(params.device), log)
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
 
