@@ -21,7 +21,9 @@ OVERRIDES = NEURAL_OVERRIDES     # the neural toy run's settings: its folder is 
 GPU_RULES = {"matcher", "embed_pretrained", "elias_stage1", "elias_stage2", "elias_predict"}
 SLURM_ARGS = [
     "--workflow-profile", str(ROOT / "workflow" / "profiles" / "slurm"),
-    "--slurm-init-seconds-before-status-checks", "2",   # toy jobs take seconds
+    "--slurm-init-seconds-before-status-checks", "2",   # toy jobs take seconds:
+    "--seconds-between-status-checks", "2",             # poll often (the profile's pace suits
+    "--max-status-checks-per-second", "5",              # hour-long jobs; CI time is what counts here)
     "--slurm-keep-successful-logs",
     "--latency-wait", "5",                              # one machine: no file system lag
     "--verbose",                                        # prints each sbatch call
