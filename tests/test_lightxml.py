@@ -288,7 +288,7 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
     flat = flat_max_labels >= 8
     cluster_of, K = (None, None) if flat else (np.arange(8) // 2, 4)
     params = lightxml.LightXMLParams(encoder=tiny, last_k=2, topb=2, hidden=8, eval_every=0, device="cpu",
-                                     swa_start=1.0, head_init="linear", head_init_l2=1e-3, lr_head=1e-3,
+                                     swa_start=1.0, head_init="linear", head_init_l2=1e-3, lr_generator=1e-3,
                                      train=TrainParams(steps=1, batch_size=8, lr=1e-9, checkpoint_every=1))
     params = params.resolved(64)
     torch.manual_seed(0)
@@ -303,7 +303,10 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
     np.testing.assert_allclose(model.generator.bias.detach().numpy(), b_ref, rtol=1e-5, atol=1e-6)
     torch.manual_seed(0)
     model = lightxml.build_model(params, 8, cluster_of, K)
-    train_lightxml(model, tokens, Y, params, tmp_path / "ck")
+    steps = {}
+    tr = train_lightxml(model, tokens, Y, params, tmp_path / "ck", valid=(vt, vY), on_step=lambda t, lg: steps.update({t: lg}))
+    # the start is measured before the first step (the guard's second baseline), on the curve as step 0
+    assert tr.start_valid["p_at_1"] == steps[0]["valid_p_at_1"] > 0.25, (tr.start_valid, steps)
     # the generator's top cluster (the label itself when flat) is a true one for most texts; the prior's
     # top label is true for a quarter of them
     top = lightxml.train.draw_top_clusters(model, vt, 64, "cpu")[:, 0]
@@ -315,7 +318,22 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
     real = lightxml.train.linear_start
     lightxml.train.linear_start = lambda *a, **k: called.append(1) or real(*a, **k)
     try:
-        train_lightxml(lightxml.build_model(params, 8, cluster_of, K), tokens, Y, params, tmp_path / "ck")
+        tr2 = train_lightxml(lightxml.build_model(params, 8, cluster_of, K), tokens, Y, params, tmp_path / "ck",
+                             valid=(vt, vY))
     finally:
         lightxml.train.linear_start = real
-    assert called == []
+    assert called == [] and tr2.start_valid == tr.start_valid        # the start's numbers come from the checkpoint
+
+
+def test_guard_fails_a_model_below_the_prior_or_below_its_own_linear_start():
+    from xmc_steps.lightxml.cli import guard
+
+    prior = {"p_at_1": 0.001, "p_at_5": 0.0005}
+    start = {"p_at_1": 0.12, "p_at_5": 0.06}
+    msg, _ = guard("lightxml", {"p_at_1": 0.0005, "p_at_5": 0.0004}, prior, start, 10, "lightxml")
+    assert "learned nothing" in msg and "lightxml.allow_weak" in msg
+    # above a near-zero prior, but fine-tuning lost most of what the start knew (yso-finna-sv-50k's case)
+    msg, verdict = guard("lightxml", {"p_at_1": 0.03, "p_at_5": 0.01}, prior, start, 562, "lightxml")
+    assert "lost what its least-squares start knew" in msg and "0.1200" in msg and "lightxml.lr_generator" in msg
+    assert guard("gudn", {"p_at_1": 0.13, "p_at_5": 0.06}, prior, start, 9, "gudn.backbone")[0] is None
+    assert guard("lightxml", {"p_at_1": 0.03, "p_at_5": 0.01}, prior, None, 9, "lightxml")[0] is None   # random start

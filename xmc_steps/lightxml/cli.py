@@ -137,13 +137,12 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                 st.metric(f"valid_{k}", v)
             for k, v in prior.items():
                 st.metric(f"valid_prior_{k}", v)
-            verdict = (f"valid P@1 {m['p_at_1']:.4f} vs the frequency prior's {prior['p_at_1']:.4f} "
-                       f"(P@5 {m['p_at_5']:.4f} vs {prior['p_at_5']:.4f})")
-            if m["p_at_1"] <= prior["p_at_1"]:
-                sec = config_section
-                msg = (f"{stage.split('_')[0]} learned nothing from the text: {verdict} after {trainer.step} steps. "
-                       f"Train longer or faster ({sec}.train.epochs, {sec}.train.lr), check the encoder and max_length, "
-                       f"or set {sec}.allow_weak: true to keep this model")
+            start = getattr(trainer, "start_valid", None)
+            if start is not None:
+                st.metric("valid_start_p_at_1", start["p_at_1"])
+                st.metric("valid_start_p_at_5", start["p_at_5"])
+            msg, verdict = guard(stage.split("_")[0], m, prior, start, trainer.step, config_section)
+            if msg is not None:
                 if not params.allow_weak:
                     raise StageError(msg)
                 st.log.warning("%s (allow_weak: kept)", msg)
@@ -152,11 +151,33 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
             meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                     "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
                     "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
-                    "device": str(trainer.device), "valid": m, "valid_prior": prior, **described}
+                    "device": str(trainer.device), "valid": m, "valid_prior": prior, "valid_start": start,
+                    **described}
             save_trained(st, out, model, "lightxml.json", meta, FORMAT)
             plot_curve(out / "curve.png", curve, m["p_at_1"], prior["p_at_1"], trainer.step)
             st.output("curve", out / "curve.png")
         remove_checkpoints(ckpt_dir)
+
+
+def guard(method: str, m: Mapping[str, float], prior: Mapping[str, float], start: Mapping[str, float] | None,
+          steps: int, sec: str) -> tuple[str | None, str]:
+    """``(message, verdict)``: the message is ``None`` when the trained model's valid P@1 is above the
+    frequency prior's and, with a linear start, not below the start's own (fine-tuning that loses what
+    the least-squares generator knew before the first step has failed as surely as one that learned
+    nothing: on a large label space the prior is near 0 and would pass almost anything)."""
+    verdict = (f"valid P@1 {m['p_at_1']:.4f} vs the frequency prior's {prior['p_at_1']:.4f} "
+               f"(P@5 {m['p_at_5']:.4f} vs {prior['p_at_5']:.4f})")
+    if start is not None:
+        verdict += f"; its linear start (step 0) had P@1 {start['p_at_1']:.4f}"
+    if m["p_at_1"] <= prior["p_at_1"]:
+        return (f"{method} learned nothing from the text: {verdict} after {steps} steps. Train longer or faster "
+                f"({sec}.train.epochs, {sec}.train.lr), check the encoder and max_length, or set {sec}.allow_weak: true "
+                "to keep this model"), verdict
+    if start is not None and m["p_at_1"] < start["p_at_1"]:
+        return (f"{method} fine-tuning lost what its least-squares start knew: {verdict} after {steps} steps. Lower "
+                f"the rates ({sec}.train.lr, {sec}.lr_generator), train longer ({sec}.train.epochs), or set "
+                f"{sec}.allow_weak: true to keep this model"), verdict
+    return None, verdict
 
 
 def plot_curve(path: str | os.PathLike, curve: Mapping[int, float], final: float, prior: float, steps: int) -> None:

@@ -35,7 +35,7 @@ class LightXMLParams(Params):
     head_init: str = "random"         # random (the paper) | linear: the generator starts as a least-squares fit
     head_init_l2: float = 0.001       # ... ridge of that fit, relative to the mean eigenvalue of E^T E
     head_init_scale: float = 4.0      # ... of the targets +-scale (the start's logits)
-    lr_head: float | None = None      # the generator's, bottleneck's and label embeddings' rate; None: train.lr
+    lr_generator: float | None = None  # the generator's rate; None: train.lr (the discriminator always trains at train.lr)
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
     swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
@@ -75,8 +75,8 @@ class LightXMLParams(Params):
         if not self.head_init_l2 > 0 or not self.head_init_scale > 0:
             raise ValueError(f"head_init_l2 and head_init_scale must be > 0, got {self.head_init_l2}, "
                              f"{self.head_init_scale}")
-        if self.lr_head is not None and not self.lr_head > 0:
-            raise ValueError(f"lr_head must be > 0 (or null: train.lr), got {self.lr_head}")
+        if self.lr_generator is not None and not self.lr_generator > 0:
+            raise ValueError(f"lr_generator must be > 0 (or null: train.lr), got {self.lr_generator}")
         if self.bottleneck not in BOTTLENECKS:
             raise ValueError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         if self.train.lr is None:

@@ -30,6 +30,8 @@ class _TrainBox(nn.Module):
         self.lightxml = model
         self.swa = swa
         self.register_buffer("static_top", torch.full((n_static, model.topb if n_static else 0), -1, dtype=torch.long))
+        # valid P@1 and P@5 of the linear start before the first step (-1: none measured), kept for the guard
+        self.register_buffer("start_valid", torch.full((2,), -1.0, dtype=torch.float64))
 
 
 @torch.no_grad()
@@ -118,12 +120,16 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         raise ValueError(f"Y has shape {Y.shape}, expected ({n}, {model.n_labels})")
     if (guide is None) != (label_tokens is None) or (label_tokens is not None and len(label_tokens) != n):
         raise ValueError("a guide needs label tokens, one row per training text")
-    heads = [(f"generator.{k}", v) for k, v in model.generator.named_parameters()]
+    generator = [(f"generator.{k}", v) for k, v in model.generator.named_parameters()]
+    discriminator = []
     if not model.flat:
-        heads += [(f"bottleneck.{k}", v) for k, v in model.bottleneck.named_parameters()]
-        heads += [("label_emb.weight", model.label_emb.weight)]
-    lr_head = params.lr_head if params.lr_head is not None else tp.lr
-    groups = param_groups({"encoder": (model.encoder, tp.lr), "heads": (heads, lr_head)}, tp.weight_decay)
+        discriminator += [(f"bottleneck.{k}", v) for k, v in model.bottleneck.named_parameters()]
+        discriminator += [("label_emb.weight", model.label_emb.weight)]
+    lr_g = params.lr_generator if params.lr_generator is not None else tp.lr
+    parts = {"encoder": (model.encoder, tp.lr), "generator": (generator, lr_g)}
+    if discriminator:
+        parts["discriminator"] = (discriminator, tp.lr)
+    groups = param_groups(parts, tp.weight_decay)
     swa_first, swa_every = params.swa_schedule(n)
     swa = WeightAverage(model) if swa_first <= tp.steps else None   # no copy of the weights when unused
     static_at = params.static_step()
@@ -132,7 +138,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                          "(set flat_max_labels below the number of labels for a clustered model)")
     box = _TrainBox(model, swa, n if static_at is not None else 0)
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
-          "negatives": params.negatives, "static_step": static_at, "lr_head": params.lr_head,
+          "negatives": params.negatives, "static_step": static_at, "lr_generator": params.lr_generator,
           "start": [params.head_init] + ([params.head_init_l2, params.head_init_scale] if params.head_init == "linear" else []),
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices)}
     if label_tokens is not None:
@@ -141,8 +147,16 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         fp["clusters"] = digest(model.cluster_of.cpu().numpy())
     fp.update(dict(fingerprint or {}))
     if params.head_init == "linear" and not (ckpt_dir is not None and list_checkpoints(ckpt_dir)):
-        model.to(neural.resolve_device(params.device))
-        linear_start(model, tokens, Y, params, neural.resolve_device(params.device), log)
+        device = neural.resolve_device(params.device)
+        model.to(device)
+        linear_start(model, tokens, Y, params, device, log)
+        if valid is not None:
+            m0 = valid_metrics(model, valid[0], valid[1], params, device)
+            box.start_valid.copy_(torch.tensor([m0["p_at_1"], m0["p_at_5"]], dtype=torch.float64))
+            log.info("the linear start (step 0): valid P@1 %.4f, P@5 %.4f (%d documents)", m0["p_at_1"], m0["p_at_5"],
+                     len(valid[0]))
+            if on_step is not None:
+                on_step(0, {"valid_p_at_1": m0["p_at_1"], "valid_p_at_5": m0["p_at_5"]})
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
 
@@ -198,6 +212,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         return loss, logs
 
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
+    start = box.start_valid.tolist()
+    trainer.start_valid = {"p_at_1": start[0], "p_at_5": start[1]} if start[0] >= 0 else None
     if swa is not None and int(swa.n) > 0:
         log.info("weight average of %d snapshots (from step %d, every %d steps) replaces the last weights",
                  int(swa.n), swa_first, swa_every)
