@@ -117,10 +117,12 @@ there (xr-linear's test P@1 is 15.79), but fine-tuning loses it within a few hun
 these defaults (valid P@1 0.001 after 562 steps); neither a common bias shift that balances the
 BCE's push on the negatives against its pull on the positives (330 against 2.8 per text at the
 start), nor an encoder rate of 2e-5, kept it (0.027 and 0.034 after 150 and 300 steps), and one
-rate of 1e-4 for every part lost it faster (0.001 after 150 steps).  The
-guard fails such a run.  The cause is open: Adam normalises the tiny gradients of a BCE averaged
-over 18,056 outputs (gradient norm ~1e-3) into full-size steps, which may make the encoder's
-updates mostly noise.
+rate of 1e-4 for every part lost it faster (0.001 after 150 steps).  The guard fails such a run.
+The cause is open: Adam normalises the tiny gradients of a BCE averaged over 18,056 outputs
+(gradient norm ~1e-3) into full-size steps, which may make the encoder's updates mostly noise.
+Nor is the start shown to help in the clustered mode: on the test suite's clustered toy (MiniLM at
+16 tokens, 135 steps at one rate of 3e-4) the run from the linear start ends at test P@1 48-53,
+from the random start at 97 (``tests/test_workflow.py`` runs the toy from the random start).
 
 Files: :mod:`.params` (:class:`LightXMLParams`), :mod:`.model` (the network, candidates, losses,
 inference, loading), :mod:`.train` (the training driver), :mod:`.cli` (the stage:
