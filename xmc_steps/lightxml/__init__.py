@@ -103,7 +103,9 @@ linear, 1e-5, 0.5, warm-up 30 + linear decay    0.810 / 0.318    0.793 / 0.312
 
 The full default run on debtags (2 epochs = 2,727 steps, 43 minutes of stage time on 2 cores, of
 which 5 for the start and 5 for validation): valid P@1 0.868 after 272 steps, 0.885 after one epoch,
-0.906 at the end and 0.911 with the weight average; test P@1 91.20, P@5 45.70.
+0.906 at the end and 0.911 with the weight average; test P@1 91.20, P@5 45.70.  On
+reuters21578/modapte-all5 (368 labels, 875 steps, 14 minutes): valid P@1 0.949 at the start, 0.979 at
+the end; test P@1 96.65, P@5 42.54 (xr-linear on the same data: 95.99, 44.86).
 
 Guard: after training the stage compares the model's valid P@1 with the frequency prior's
 (every text gets the most frequent training labels) and, with ``head_init: linear``, with the
