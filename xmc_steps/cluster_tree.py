@@ -52,7 +52,9 @@ FORMAT = "xmc-cluster-tree-v1"
 # --------------------------------------------------------------------------- tree
 
 
-def _parent_matrix(parent: np.ndarray, n_parent: int) -> sp.csr_matrix:
+def assignment_matrix(parent: np.ndarray, n_parent: int) -> sp.csr_matrix:
+    """``n x n_parent`` CSR 0/1 matrix with one 1 per row, at column ``parent[i]`` (a label-to-cluster
+    or child-to-parent assignment as a matrix)."""
     n = len(parent)
     parent = np.asarray(parent)
     if n and (parent.min() < 0 or parent.max() >= n_parent):
@@ -82,7 +84,7 @@ class ClusterTree:
         C, n_prev = [], 1
         for par in parents:
             par = np.asarray(par, dtype=np.int64)
-            C.append(_parent_matrix(par, n_prev))
+            C.append(assignment_matrix(par, n_prev))
             n_prev = len(par)
         return cls(C)
 
@@ -176,7 +178,7 @@ class ClusterTree:
         """``L x n_level`` CSR 0/1 matrix of :meth:`assignment`."""
         T = self.depth
         lev = T + level if level < 0 else level
-        return _parent_matrix(self.assignment(lev), self.level_sizes[lev])
+        return assignment_matrix(self.assignment(lev), self.level_sizes[lev])
 
     def cluster_sizes(self, level: int = -1) -> np.ndarray:
         lev = self.depth + level if level < 0 else level

@@ -17,6 +17,8 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from .negatives import binarize
+
 
 def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001, scale: float = 1.0,
                        bias: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
@@ -30,8 +32,7 @@ def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001,
     system for all outputs: ``O(N d^2 + nnz(T) d + K d^2)``; nothing is ``N x K``.
     """
     E = np.asarray(emb, dtype=np.float64)
-    T = sp.csr_matrix(targets, dtype=np.float64, copy=True)
-    T.data[:] = 1.0
+    T = binarize(targets).astype(np.float64)
     if T.shape[0] != E.shape[0]:
         raise ValueError(f"targets have {T.shape[0]} rows but the embeddings {E.shape[0]}")
     d = E.shape[1]

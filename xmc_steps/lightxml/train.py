@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import metrics, neural
 from ..neural_stage import valid_subset
+from ..cluster_tree import assignment_matrix
 from ..linear_start import least_squares_head
 from ..trainer import Trainer, WeightAverage, digest, list_checkpoints, param_groups
 from .model import LightXMLModel, predict
@@ -50,9 +51,7 @@ def cluster_targets(model: LightXMLModel, Y: sp.spmatrix) -> sp.csr_matrix:
     Y = sp.csr_matrix(Y)
     if model.flat:
         return Y
-    cof = model.cluster_of.cpu().numpy()
-    C = sp.csr_matrix((np.ones(len(cof), np.float32), (np.arange(len(cof)), cof)), shape=(len(cof), model.n_clusters))
-    return sp.csr_matrix(Y @ C)
+    return sp.csr_matrix(Y @ assignment_matrix(model.cluster_of.cpu().numpy(), model.n_clusters))
 
 
 def linear_start(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
