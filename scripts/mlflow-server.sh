@@ -15,8 +15,8 @@
 #   XMC_MLFLOW_PORT                 port (default 5000)
 #   XMC_MLFLOW_BACKEND_STORE_URI    any SQLAlchemy URL (default: the local runs' SQLite file
 #                                   sqlite:///$PWD/results/mlflow.db, so earlier runs show up)
-#   XMC_MLFLOW_ARTIFACTS            artifact destination (default $PWD/results/mlartifacts;
-#                                   the pipeline logs no artifacts today, only their paths)
+#   XMC_MLFLOW_ARTIFACTS            artifact destination (default $PWD/results/mlartifacts: each
+#                                   target's results JSON, plots and leaderboard row)
 #   XMC_PYTHON                      the Python with mlflow (default .venv/bin/python of this checkout)
 set -euo pipefail
 

@@ -249,8 +249,11 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     fake.log_stage = lambda record, step_metrics, log=None: "run-evaluate"
     fake.parent_run_id = lambda dataset, method: f"parent-{dataset}-{method}"
     linked = {}
-    fake.annotate_parent = lambda dataset, method, tags=None, metrics=None: linked.update(
-        {(dataset, method): {k.removeprefix("xmc.uses."): v for k, v in tags.items()}, "metrics": metrics})
+    fake.git_commit = lambda: "abc123"
+    fake.annotate_parent = lambda dataset, method, tags=None, metrics=None, **kw: linked.update(
+        {(dataset, method): {k.removeprefix("xmc.uses."): v for k, v in tags.items() if k.startswith("xmc.uses.")},
+         "metrics": metrics, "commit": tags["mlflow.source.git.commit"], **kw})
+    fake.log_artifacts = lambda run_id, files, log=None: linked.update(artifacts=(run_id, sorted(files)))
     monkeypatch.setitem(sys.modules, "xmc_steps.tracking", fake)
     monkeypatch.setattr(xmc_steps, "tracking", fake, raising=False)
     monkeypatch.setenv("XMC_TRACKING", "1")
@@ -261,6 +264,10 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     # shared stages' runs (records with an empty method) are referenced from the parent
     assert linked[("eurlex4k", "xr-linear")] == res["mlflow"]["shared_stage_runs"] == {"ingest": "run-ingest", "tfidf": "run-tfidf"}
     assert linked["metrics"]["p_at_1"] == res["metrics"]["p_at_1"]   # metrics on the parent run, for the UI
+    assert linked["commit"] == "abc123"
+    # the results file, its plot and its leaderboard row are the parent's artifacts
+    assert linked["artifacts"] == ("parent-eurlex4k-xr-linear",
+                                   sorted([artifacts["out"].name, Path(res["plot"]).name, "leaderboard_row.csv"]))
     jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(res)
 
 

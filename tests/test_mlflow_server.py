@@ -138,3 +138,7 @@ def test_stage_runs_logged_over_http_nested_under_parents(tmp_path, mlflow_serve
     res = json.loads((results / "toy" / "xr-linear.json").read_text())
     parent = client.get_run(parents["xr-linear"])
     assert parent.data.metrics["p_at_1"] == pytest.approx(res["metrics"]["p_at_1"])
+    # ... its effective hyper-parameters under the shared names, and its results as artifacts
+    assert parent.data.params["method"] == "xr-linear" and parent.data.params["negatives"] == "tfn+man"
+    assert parent.data.params["config_hash"] == res["config_hash"]
+    assert {"xr-linear.json", "leaderboard_row.csv"} <= {a.path for a in client.list_artifacts(parents["xr-linear"])}

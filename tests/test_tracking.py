@@ -138,6 +138,46 @@ def test_log_stages_layout(store):
     assert client.get_run(xr.info.run_id).data.tags["xmc.uses.tfidf"] == rid_tfidf
 
 
+def test_parent_params_supersede_and_artifacts(store, tmp_path):
+    """The evaluate stage's parent annotation: parameters land on the parent; a later build with
+    other parameters supersedes that parent (MLflow forbids changing a parameter) and takes its
+    stage runs along; artifacts are copied into the parent's artifact store."""
+    client = MlflowClient(tracking.tracking_uri())
+    rid_train = tracking.log_stage(_record("train", "xr-linear"))
+    parent = tracking.annotate_parent("debtags", "xr-linear", metrics={"p_at_1": 89.5},
+                                      params={"beam": 10, "xr_linear.solver.C": 1.0}, config_hash="h1",
+                                      stage_run_ids=[rid_train])
+    run = client.get_run(parent)
+    assert run.data.params == {"beam": "10", "xr_linear.solver.C": "1.0"}
+    assert run.data.metrics["p_at_1"] == 89.5
+    # the same parameters again (a re-evaluation): same parent, nothing superseded
+    assert tracking.annotate_parent("debtags", "xr-linear", params={"beam": 10, "new_key": "x"},
+                                    stage_run_ids=[rid_train]) == parent
+    assert client.get_run(parent).data.params["new_key"] == "x"
+    # another beam: a new parent for the new configuration; the old one keeps its numbers
+    rid_train2 = tracking.log_stage(_record("train", "xr-linear"))
+    assert client.get_run(rid_train2).data.tags["mlflow.parentRunId"] == parent
+    new = tracking.annotate_parent("debtags", "xr-linear", metrics={"p_at_1": 90.0}, params={"beam": 20},
+                                   config_hash="h2", stage_run_ids=[rid_train2])
+    assert new != parent
+    assert tracking.parent_run_id("debtags", "xr-linear") == new
+    old = client.get_run(parent)
+    assert old.data.tags["xmc.run_type"] == "target-superseded" and old.data.tags["xmc.superseded_by"] == new
+    assert old.data.params["beam"] == "10" and old.data.metrics["p_at_1"] == 89.5
+    cur = client.get_run(new)
+    assert cur.data.params == {"beam": "20"} and cur.data.tags["xmc.config_hash"] == "h2"
+    assert client.get_run(rid_train2).data.tags["mlflow.parentRunId"] == new
+    assert client.get_run(rid_train).data.tags["mlflow.parentRunId"] == parent
+
+    f = tmp_path / "xr-linear.json"
+    f.write_text('{"p_at_1": 90.0}')
+    tracking.log_artifacts(new, {"xr-linear.json": f, "plots/row.csv": f})
+    names = {a.path for a in client.list_artifacts(new)} | {a.path for a in client.list_artifacts(new, "plots")}
+    assert {"xr-linear.json", "plots/row.csv"} <= names
+    local = client.download_artifacts(new, "xr-linear.json", str(tmp_path / "dl"))
+    assert Path(local).read_text() == '{"p_at_1": 90.0}'
+
+
 def test_flatten_params():
     flat = tracking.flatten_params({"a": {"b": {"c": 1}, "d": None}, "e@k": [1, "x"], "f": {}})
     assert flat == {"a.b.c": "1", "a.d": "None", "e_at_k": '[1, "x"]', "f": "{}"}

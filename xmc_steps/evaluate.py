@@ -52,6 +52,7 @@ import datetime as _dt
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 from pathlib import Path
@@ -249,21 +250,49 @@ def parent_run_id(dataset: str, method: str, log=None) -> str | None:
 
 
 def annotate_parent_run(dataset: str, method: str, records: list[dict[str, Any]],
-                        metrics: Mapping[str, Any], log=None) -> dict[str, str]:
-    """Put the target's test metrics on its MLflow parent run and reference the shared
-    stages' runs (TF-IDF, ingest, ...: logged once under the dataset's ``shared``
-    parent) with tags ``xmc.uses.<stage>`` = run id.  Returns the referenced run ids."""
+                        metrics: Mapping[str, Any], config: Mapping[str, Any] | None = None,
+                        n_labels: int | None = None, log=None) -> dict[str, str]:
+    """Put the target's test metrics on its MLflow parent run, with its effective
+    hyper-parameters (:func:`xmc_steps.target_params.parent_params` of the effective config,
+    when given) and the git commit, and reference the shared stages' runs (TF-IDF, ingest,
+    ...: logged once under the dataset's ``shared`` parent) with tags ``xmc.uses.<stage>`` =
+    run id.  Returns the referenced run ids."""
     used = {r.get("stage") or r.get("rule"): r["mlflow_run_id"] for r in records
             if not r.get("method") and r.get("mlflow_run_id")}
+    own = [r["mlflow_run_id"] for r in records if r.get("method") and r.get("mlflow_run_id")]
     scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     try:
-        from . import tracking
+        from . import target_params, tracking
 
-        tracking.annotate_parent(dataset, method, tags={f"xmc.uses.{k}": v for k, v in used.items()}, metrics=scalars)
+        params = target_params.parent_params(config, n_labels) if config and config.get("method") else None
+        commit = tracking.git_commit()
+        tags = {f"xmc.uses.{k}": v for k, v in used.items()}
+        tags.update({"mlflow.source.git.commit": commit, "xmc.git_commit": commit})
+        tracking.annotate_parent(dataset, method, tags=tags, metrics=scalars, params=params,
+                                 config_hash=(config or {}).get("config_hash", ""), stage_run_ids=own, log=log)
     except Exception as e:  # tracking trouble must not lose the results
         if log:
             log.warning("could not annotate the MLflow parent run: %s", e)
     return used
+
+
+def log_parent_artifacts(result: Mapping[str, Any], out: str, plot: str, log=None) -> None:
+    """The results JSON, its plot and its leaderboard row (CSV) as artifacts of the parent run."""
+    run_id = (result.get("mlflow") or {}).get("parent_run_id")
+    if not run_id:
+        return
+    try:
+        import tempfile
+
+        from . import leaderboard, tracking
+
+        with tempfile.TemporaryDirectory(prefix="xmc-row-") as tmp:
+            row = Path(tmp) / "leaderboard_row.csv"
+            leaderboard.write_csv(row, leaderboard.rows_of([result]))
+            tracking.log_artifacts(run_id, {Path(out).name: out, Path(plot).name: plot, row.name: row}, log=log)
+    except Exception as e:  # tracking trouble must not lose the results
+        if log:
+            log.warning("could not log the results as artifacts of the MLflow parent run: %s", e)
 
 
 def tracking_enabled(args: argparse.Namespace) -> bool:
@@ -442,13 +471,16 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "device": detect_device(summary["stages"]),
         "mlflow": {
             "evaluate_run_id": None,
-            "parent_run_id": parent_run_id(dataset, method, log) if tracking_enabled(args) else None,
-            "shared_stage_runs": annotate_parent_run(dataset, method, records, m, log) if tracking_enabled(args) else {},
+            "parent_run_id": None,
+            "shared_stage_runs": {},
         },
         "reported": reported,
         "plot": str(args.plot),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if tracking_enabled(args):
+        result["mlflow"]["shared_stage_runs"] = annotate_parent_run(dataset, method, records, m, config, int(L), log)
+        result["mlflow"]["parent_run_id"] = parent_run_id(dataset, method, log)
     return result
 
 
@@ -501,6 +533,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["mlflow"]["evaluate_run_id"] = run_id
             validate_result(result, schema)
             io.write_json(args.out, result)
+    if tracking_enabled(args):
+        log_parent_artifacts(result, args.out, args.plot, logging.getLogger("xmc_steps.evaluate"))
     return result
 
 

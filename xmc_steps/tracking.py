@@ -2,11 +2,17 @@
 
 Layout in the tracking store:
 
-* one **experiment per dataset** (experiment name = dataset name, e.g. ``debtags``);
+* one **experiment per dataset** (experiment name = dataset name, e.g. ``debtags``; MLflow 3's
+  UI opens on its GenAI view: switch to "Model training", or open
+  ``/#/experiments/<id>?workflowType=machine_learning``, for the runs table);
 * one **parent run per (dataset, method) target**, run name ``{method}``, tags
   ``xmc.dataset``, ``xmc.method``, ``xmc.config_hash`` (that of the latest stage logged)
   and ``xmc.run_type = target``.  It is found again by its tags and reused by every
-  stage job of the target, across Snakemake invocations;
+  stage job of the target, across Snakemake invocations.  The evaluate stage gives it the
+  target's test metrics, its effective hyper-parameters under names shared across methods
+  (:mod:`xmc_steps.target_params`), the git commit (tag ``mlflow.source.git.commit``), and
+  the results JSON, plots and leaderboard row as artifacts; a parent whose parameters
+  belong to an earlier configuration is superseded, not overwritten (:func:`annotate_parent`);
 * stages shared by several methods (``method == ""``: TF-IDF, clustering, ...) go under
   one parent run per dataset named ``shared`` (``xmc.method = shared``), so they are
   logged once; :func:`link_shared` records on a method's parent which shared runs it
@@ -15,8 +21,8 @@ Layout in the tracking store:
   rule, ``xmc.run_type = stage``), tagged with rule, stage, dataset, method, config hash
   and git commit, holding the flattened parameters (dotted keys), the final metrics,
   ``wall_s``, ``peak_rss_mb`` and ``time_s.<phase>`` as metrics, the per-step training
-  curves, and the output paths as ``artifact.<name>`` params and tags (the files are
-  not copied; they stay under ``results/``).
+  curves, and the output paths as ``artifact.<name>`` params and tags (the stage's files
+  are not copied; they stay under ``results/``).
 
 Store: :func:`tracking_uri` — ``MLFLOW_TRACKING_URI`` if set, else a local SQLite file
 ``<results_dir>/mlflow.db`` (``results_dir`` = ``XMC_RESULTS_DIR`` or ``results``).
@@ -73,6 +79,8 @@ __all__ = [
     "log_stage",
     "link_shared",
     "parent_run_id",
+    "annotate_parent",
+    "log_artifacts",
     "flatten_params",
     "git_commit",
     "SHARED",
@@ -115,7 +123,7 @@ def tracking_uri() -> str:
 
 
 def artifact_root() -> Path:
-    """Where run artifacts would go (none are copied today): ``<results_dir>/mlartifacts``."""
+    """Where run artifacts go with the default SQLite store: ``<results_dir>/mlartifacts``."""
     return results_dir() / "mlartifacts"
 
 
@@ -510,32 +518,89 @@ def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:
 
 
 def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = None,
-                    metrics: Mapping[str, float] | None = None) -> str:
-    """Add tags and final metrics to the (dataset, method) parent run (created if missing).
+                    metrics: Mapping[str, float] | None = None, params: Mapping[str, Any] | None = None,
+                    config_hash: str = "", stage_run_ids: Iterable[str] = (), log=None) -> str:
+    """Add tags, final metrics and parameters to the (dataset, method) parent run (created if
+    missing).  Returns the parent run id.
 
-    The evaluate stage puts the target's test metrics on its parent run, so methods can
-    be compared side by side in the MLflow UI's run table.  Returns the parent run id.
+    The evaluate stage puts the target's test metrics and effective hyper-parameters
+    (:func:`xmc_steps.target_params.parent_params`) on its parent run, so methods can be
+    compared side by side, with what differed between them, in the MLflow UI.
+
+    MLflow never lets a parameter change its value.  A parent whose logged parameters
+    disagree with ``params`` belongs to an earlier configuration of the target: it is
+    **superseded**, not overwritten: tagged ``xmc.run_type = target-superseded`` (so
+    :func:`parent_run_id` no longer finds it) and ``xmc.superseded_by``, and a new parent is
+    created for ``config_hash``; the stage runs of this build (``stage_run_ids``, which were
+    logged under the old parent) are moved under the new one.  The old parent keeps its
+    earlier parameters and metrics, so both configurations stay comparable.
     """
     uri = tracking_uri()
     try:
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
         _preimport(uri)
         with _file_lock(uri):
-            client = _retry(lambda: _client(uri), "open store")
-            exp_id = _experiment_id(client, dataset)
-            parent_id = _get_or_create_parent(client, exp_id, dataset, method or SHARED, "")
+            client = _retry(lambda: _client(uri), "open store", log)
+            exp_id = _experiment_id(client, dataset, log)
+            method_key = method or SHARED
+            parent_id = _get_or_create_parent(client, exp_id, dataset, method_key, config_hash, log)
+            p_vals = {_clean_key(k): _str_value(v, MAX_PARAM_VAL_LENGTH) for k, v in (params or {}).items()}
+            if p_vals:
+                have = _retry(lambda: client.get_run(parent_id), "get parent", log).data.params
+                changed = sorted(k for k, v in p_vals.items() if k in have and have[k] != v)
+                if changed:
+                    old_id = parent_id
+                    tags_new = {"xmc.run_type": "target", "xmc.dataset": dataset, "xmc.method": method_key,
+                                "xmc.config_hash": config_hash or ""}
+                    parent_id = _retry(lambda: client.create_run(exp_id, tags=tags_new, run_name=method_key),
+                                       "create parent run", log).info.run_id
+                    _retry(lambda: client.log_batch(old_id, tags=[RunTag("xmc.run_type", "target-superseded"),
+                                                                  RunTag("xmc.superseded_by", parent_id)],
+                                                    synchronous=True), "supersede parent", log)
+                    for rid in dict.fromkeys(stage_run_ids):
+                        _retry(lambda: client.set_tag(rid, MLFLOW_PARENT_RUN_ID, parent_id), "move stage run", log)
+                    if log:
+                        log.info("MLflow: parent run %s of %s/%s had other parameters (%s%s); superseded by %s",
+                                 old_id, dataset, method_key, ", ".join(changed[:5]),
+                                 ", ..." if len(changed) > 5 else "", parent_id)
+                    have = {}
+                p_vals = {k: v for k, v in p_vals.items() if k not in have}
             now = int(time.time() * 1000)
             tag_list = [RunTag(_clean_key(k), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in (tags or {}).items()]
             met_list = [Metric(_clean_key(k), f, now, 0) for k, v in (metrics or {}).items()
                         if (f := _float(v)) is not None]
-            for mets, _, tgs in _chunks(met_list, [], tag_list):
-                _retry(lambda: client.log_batch(parent_id, metrics=mets, tags=tgs, synchronous=True), "annotate parent")
+            par_list = [Param(k, v) for k, v in p_vals.items()]
+            for mets, pars, tgs in _chunks(met_list, par_list, tag_list):
+                _retry(lambda: client.log_batch(parent_id, metrics=mets, params=pars, tags=tgs, synchronous=True),
+                       "annotate parent", log)
         return parent_id
     except Exception as e:
         if isinstance(e, RuntimeError) and str(e).startswith("MLflow tracking at"):
             raise
         raise RuntimeError(f"MLflow tracking at {uri} failed annotating the parent run of {dataset}/{method}: {type(e).__name__}: {e}") from e
+
+
+def log_artifacts(run_id: str, files: Mapping[str, str | os.PathLike], log=None) -> None:
+    """Copy files into a run's artifacts: ``{artifact name: local path}`` (the name may hold
+    a folder, ``plots/recall.png``).  With the default SQLite store the artifacts go under
+    :func:`artifact_root`; with a tracking server, wherever it keeps them."""
+    import shutil
+    import tempfile
+
+    uri = tracking_uri()
+    try:
+        _preimport(uri)
+        client = _retry(lambda: _client(uri), "open store", log)
+        with tempfile.TemporaryDirectory(prefix="xmc-artifacts-") as tmp:
+            for name, path in files.items():
+                dest = Path(tmp) / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, dest)
+            _retry(lambda: client.log_artifacts(run_id, tmp), "log artifacts", log)
+    except Exception as e:
+        raise RuntimeError(f"MLflow tracking at {uri} failed logging artifacts to run {run_id}: {type(e).__name__}: {e}") from e
 
 
 def parent_run_id(dataset: str, method: str) -> str | None:
