@@ -17,18 +17,21 @@ include: "workflow/rules/elias.smk"
 include: "workflow/rules/lightxml.smk"
 include: "workflow/rules/gudn.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/predict.smk"
 
 
 def demo_inputs(wildcards):
-    """Both linear baselines on debtags, evaluated, and its token ids for the configured
-    `tokenize` encoder and length (the input every neural method shares)."""
+    """Both linear baselines on debtags, evaluated; its token ids for the configured `tokenize`
+    encoder and length (the input every neural method shares); and Debtags suggested for the
+    Debian packages that have none (`suggestions`)."""
     tok = xcfg.dataset_settings(config, "debtags")["tokenize"]
     return [f"{RES}/debtags/xr-linear.json", f"{RES}/debtags/parabel.json",
-            lay.tokens_dir(RES, "debtags", tok["encoder"], tok["max_length"]) + "/tokens_test.npz"]
+            lay.tokens_dir(RES, "debtags", tok["encoder"], tok["max_length"]) + "/tokens_test.npz",
+            lay.at(RES, lay.SUGGESTIONS, dataset="debtags") + ".parquet"]
 
 
 rule demo:
-    """The main job on the built-in dataset: both linear baselines, evaluated."""
+    """The main job on the built-in dataset: both linear baselines, evaluated, and their suggestions."""
     input:
         demo_inputs,
     default_target: True

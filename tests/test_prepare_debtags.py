@@ -332,6 +332,21 @@ def test_cli_with_index_dir(tmp_path):
     assert rec["metrics"]["labels"] == 5
 
 
+def test_untagged_packages_are_the_others(tmp_path):
+    """The packages the suggestions target answers for: no tag, or only ::TODO ones; same text recipe."""
+    docs = pd.untagged_documents(pd.parse_packages(PACKAGES), pd.parse_translations(TRANSLATIONS))
+    assert docs == {"todo-only": "todo-only : Nothing tagged yet .",
+                    "untagged": "untagged : No Tag field at all . Never used."}
+    assert list(pd.untagged_documents(pd.parse_packages(PACKAGES), {}, exclude={"untagged"})) == ["todo-only"]
+    index = _fake_index(tmp_path / "index")
+    (tmp_path / "ids.txt").write_text("todo-only\n")
+    rc = pd.cli_main(pd.main, ["--untagged", str(tmp_path / "u"), "--index-dir", str(index), "--exclude-ids",
+                               str(tmp_path / "ids.txt"), "--no-tracking"])
+    assert rc == 0
+    assert (tmp_path / "u" / "ids.txt").read_text() == "untagged\n"
+    assert (tmp_path / "u" / "texts.txt").read_text() == "untagged : No Tag field at all . Never used.\n"
+
+
 def test_cli_errors(tmp_path, capsys, monkeypatch):
     rc = pd.cli_main(pd.main, ["--out", str(tmp_path / "o"), "--index-dir", str(tmp_path / "missing"), "--no-tracking"])
     assert rc == 2

@@ -133,6 +133,20 @@ def apply_tree(tree: dict[str, np.ndarray], F: np.ndarray) -> np.ndarray:
     return tree["prob"][node]
 
 
+def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: EliasPlusParams,
+                calibration: dict[str, np.ndarray] | None = None, train_freq: np.ndarray | None = None) -> sp.csr_matrix:
+    """ELIAS++'s scores of the candidates (top-``p.topk`` per row): the calibration tree's
+    probability (ties broken by the uncalibrated score) when ``calibration`` is given, else the
+    uncalibrated combination (``p.uncalibrated``)."""
+    h = ranker_scores(Xr, W, cand, p.solver.bias)
+    score = uncalibrated_scores(cand.data, h, p)
+    if calibration is not None:
+        score = apply_tree(calibration, calibration_features(h, cand.data, cand.indices, train_freq)) + 1e-6 * score
+    out = cand.copy()
+    out.data = np.asarray(score, dtype=np.float32)
+    return topk_per_row(out, p.topk)
+
+
 def _stack_csr(paths):
     return sp.vstack([io.load_csr(p) for p in paths], format="csr")
 
@@ -186,7 +200,8 @@ def _train_cli(args) -> None:
         st.metric("ranker_nnz", W.nnz)
 
 
-def _load(model: str | Path):
+def load_ranker(model: str | Path):
+    """The sparse ranker a ``train`` call wrote: ``(W as CSC, its ranker.json)``."""
     meta = io.read_json(Path(model) / "ranker.json")
     if meta.get("format") != FORMAT:
         raise StageError(f"{model}: not an ELIAS++ ranker")
@@ -205,7 +220,7 @@ def label_train_freq(model: str | Path) -> np.ndarray:
 def _calibrate_cli(args) -> None:
     out = Path(args.out)
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
-        W, meta = _load(args.model)
+        W, meta = load_ranker(args.model)
         p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
         L = meta["n_labels"]
         Y = _stack_csr(args.labels)
@@ -229,22 +244,13 @@ def _calibrate_cli(args) -> None:
 
 def _predict_cli(args) -> None:
     with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
-        W, meta = _load(args.model)
+        W, meta = load_ranker(args.model)
         p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
         L = meta["n_labels"]
         Xr, cand = _inputs(args, st, p, L)
         t0 = time.perf_counter()
-        h = ranker_scores(Xr, W, cand, p.solver.bias)
-        base = uncalibrated_scores(cand.data, h, p)
-        if args.calibration:
-            tree = io.load_arrays(Path(args.calibration) / "calibration.npz")
-            score = apply_tree(tree, calibration_features(h, cand.data, cand.indices, label_train_freq(args.model)))
-            score = score + 1e-6 * base
-        else:
-            score = base
-        out = cand.copy()
-        out.data = score.astype(np.float32)
-        out = topk_per_row(out, p.topk)
+        tree = io.load_arrays(Path(args.calibration) / "calibration.npz") if args.calibration else None
+        out = plus_scores(Xr, W, cand, p, tree, label_train_freq(args.model) if tree is not None else None)
         st.predictions(args.out, out, p.topk, time.perf_counter() - t0)
 
 

@@ -24,6 +24,8 @@ computed once and reused across methods and variants:
   ``gudn/{tree}/{enc}-{maxlen}/{guides}/`` (``guides``: ``full``, ``no-feature-guide``, ``no-link-guide``)
 * ``LEADERBOARD`` (every evaluated target of a dataset, ranked; :mod:`xmc_steps.leaderboard`) and the
   cross-dataset ``LEADERBOARD_ALL``
+* ``UNTAGGED`` (debtags: the Debian packages without Debtags) and ``SUGGESTIONS`` (``.parquet``: a
+  target's top labels for them, :mod:`xmc_steps.predict`)
 * a linear method's folder ``METHOD``; the evaluated target ``METHOD`` + ``.json`` (and ``_decile_recall.png``), its settings
   snapshot ``CONFIG``, the evaluate record under ``RECORDS``
 
@@ -69,6 +71,8 @@ LEADERBOARD_ALL = "leaderboard"          # the cross-dataset table (+ .md)
 CONFIG = "{dataset}/config/{method}.json"
 RECORDS = "{dataset}/records"
 PREPARE = "{dataset}/prepare"
+UNTAGGED = "{dataset}/untagged"        # debtags: the packages without Debtags (texts.txt, ids.txt)
+SUGGESTIONS = "{dataset}/suggestions"  # + .parquet: a target's labels for the dataset's unlabelled texts
 
 #: every pattern, by name (for the tests and for readers)
 PATTERNS = {k: v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and "{dataset}" in v}

@@ -30,9 +30,14 @@ release is byte-identical to it):
 The parsing and building functions are pure (text in, text out) and unit-tested
 without network; only :func:`fetch_index` needs apt and a mirror.
 
+The packages with no tag at all (about as many as the tagged ones) are what the ``suggestions``
+target suggests Debtags for: ``--untagged DIR`` writes their texts (the same recipe) and names
+instead of the dataset (:func:`untagged_documents`).
+
 CLI::
 
     python -m xmc_steps.prepare_debtags --out data/debtags [--index-dir DIR]
+    python -m xmc_steps.prepare_debtags --untagged results/debtags/untagged --exclude-ids data/debtags/*_ids.txt
 """
 
 from __future__ import annotations
@@ -244,6 +249,19 @@ def build_documents(packages: list[Package], translations: dict[str, tuple[str, 
             continue
         docs[pkg.name] = (document_text(pkg, translations), labels)
     return docs
+
+
+def untagged_documents(packages: list[Package], translations: dict[str, tuple[str, str]],
+                       exclude: Iterable[str] = ()) -> dict[str, str]:
+    """package name -> text (as :func:`document_text`) of the packages with no Debtags: no ``Tag:``
+    field, or only ``::TODO`` tags; a package is taken from its first paragraph, and one tagged in any
+    of its paragraphs, or named in ``exclude`` (the dataset's own packages), is left out.  Sorted by name."""
+    tagged = {p.name for p in packages if clean_labels(p.tags)} | set(exclude)
+    docs: dict[str, str] = {}
+    for pkg in packages:
+        if pkg.name not in tagged and pkg.name not in docs:
+            docs[pkg.name] = document_text(pkg, translations)
+    return dict(sorted(docs.items()))
 
 
 def build_dataset(packages_text: str, translation_text: str, vocabulary_text: str) -> dict[str, str]:
@@ -520,16 +538,33 @@ def build_from_index(index: IndexFiles, outdir: str | os.PathLike, log: logging.
     return stats
 
 
+def write_untagged(index: IndexFiles, outdir: str | os.PathLike, exclude_files: Iterable[str | os.PathLike] = (),
+                   log: logging.Logger | None = None) -> int:
+    """``texts.txt`` and ``ids.txt`` (one package per line, aligned) of the packages with no Debtags
+    (:func:`untagged_documents`), minus the packages listed in ``exclude_files``; returns their count."""
+    log = log or logging.getLogger("xmc.prepare_debtags")
+    read = lambda p: Path(p).read_text(encoding="utf-8")  # noqa: E731
+    exclude = {line.strip() for f in exclude_files for line in read(f).splitlines() if line.strip()}
+    docs = untagged_documents(parse_packages(read(index.packages)), parse_translations(read(index.translation)), exclude)
+    write_dataset(outdir, {"ids.txt": _lines(docs), "texts.txt": _lines(docs.values())})
+    log.info("%d packages without Debtags (%d of the dataset's packages left out) -> %s", len(docs), len(exclude), outdir)
+    return len(docs)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.prepare_debtags", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output folder for the dataset files")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", help="output folder for the dataset files")
+    what.add_argument("--untagged", help="instead: output folder for the packages without Debtags (texts.txt, ids.txt)")
+    p.add_argument("--exclude-ids", nargs="*", default=[], help="with --untagged: files of package names to leave out")
     p.add_argument("--index-dir", help="reuse an index already fetched there (skip apt)")
     p.add_argument("--work-dir", help="where to fetch the index (default: a temporary folder, removed after)")
     p.add_argument("--mirror", default=MIRROR, help=f"Debian mirror (default {MIRROR})")
     add_common_args(p)
     args = p.parse_args(argv)
-    out = Path(args.out)
-    outputs = [str(out / f) for f in (*DATA_FILES, "stats.json", "source.json")]
+    out = Path(args.out or args.untagged)
+    outputs = ([str(out / f) for f in ("texts.txt", "ids.txt")] if args.untagged
+               else [str(out / f) for f in (*DATA_FILES, "stats.json", "source.json")])
     with stage_run("prepare_debtags", args, outputs=outputs) as st:
         st.params.update({"index_dir": args.index_dir or "", "mirror": args.mirror, "seed": SEED, "test_fraction": TEST_FRACTION})
         tmp = None if (args.index_dir or args.work_dir) else tempfile.mkdtemp(prefix="debtags-index-")
@@ -543,13 +578,19 @@ def main(argv: list[str] | None = None) -> None:
                         os.chmod(tmp, 0o755)  # let apt's unprivileged _apt downloader write there
                     index = fetch_index(workdir, st.log, mirror=args.mirror)
             with st.timed("build"):
-                stats = build_from_index(index, out, st.log)
+                if args.untagged:
+                    n_untagged = write_untagged(index, out, args.exclude_ids, st.log)
+                else:
+                    stats = build_from_index(index, out, st.log)
                 st.extra["source"] = index.source_info()
         finally:
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
         for name in outputs:
             st.output(Path(name).name, name)
+        if args.untagged:
+            st.metric("untagged_packages", n_untagged)
+            return
         st.metric("train_docs", stats["train"]["docs"])
         st.metric("test_docs", stats["test"]["docs"])
         st.metric("labels", stats["all"]["distinct_labels"])

@@ -1,0 +1,92 @@
+"""`python -m xmc_steps.predict`: new text through a trained target, as its stages score the test split."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from xmc_steps import io, layout
+from xmc_steps import predict as xp
+
+
+def test_read_texts_names_file_and_line():
+    assert list(xp.read_texts([b"a b\n", b"c\r\n"], "in.txt")) == [(1, "a b"), (2, "c")]
+    with pytest.raises(xp.PredictError, match=r"in\.txt, line 2: not UTF-8"):
+        list(xp.read_texts([b"ok\n", b"caf\xe9\n"], "in.txt"))
+    with pytest.raises(xp.PredictError, match=r"in\.txt, line 3: empty line"):
+        list(xp.read_texts([b"a\n", b"b\n", b"  \n"], "in.txt"))
+    assert list(xp.read_texts([b"a\n", b"\n"], "in.txt", skip_empty=True)) == [(1, "a"), (2, "")]
+
+
+def test_incomplete_model_folder_is_named(tmp_path):
+    with pytest.raises(xp.PredictError, match=r"config/xr-linear\.json .*snakemake --cores all"):
+        xp.Target.load(tmp_path / "results" / "toy" / "xr-linear")
+
+
+def _stored(tmp, method: str):
+    """The DAG's test predictions of a target (CSR) and its test texts."""
+    res = str(tmp / "results")
+    settings = io.read_json(tmp / "results" / "toy" / "config" / f"{method}.json")["settings"]
+    base, variant = layout.split_method(method)
+    path = {"xtransformer": layout.xt_predictions, "elias": layout.elias_predictions,
+            "lightxml": layout.lightxml_predictions, "gudn": layout.gudn_predictions}.get(base)
+    path = path(res, "toy", settings, variant) if path else layout.at(res, layout.METHOD, dataset="toy", method=method) + "/predictions_test.parquet"
+    L = io.read_table(tmp / "results" / "toy" / "ingest" / "labels.parquet", ["label_id"]).num_rows
+    texts = io.read_table(tmp / "results" / "toy" / "ingest" / "docs_test.parquet", ["text"]).column("text").to_pylist()
+    return io.read_predictions(path, L), texts
+
+
+def _same_as_dag(tmp, method: str, k: int = 3, exact: bool = True) -> None:
+    stored, texts = _stored(tmp, method)
+    target = xp.Target.load(tmp / "results" / "toy" / method)
+    P = xp.predict_scores(target, texts, topk=k)
+    assert P.shape == stored.shape
+    agree = 0
+    for i in range(len(texts)):
+        ours = [d["label"] for d in xp.top_labels(target, P, i)]
+        theirs = [d["label"] for d in xp.top_labels(target, stored, i)][:k]
+        agree += ours[0] == theirs[0]
+        if exact:
+            assert ours == theirs, (method, i, ours, theirs)
+            a, b = stored.indptr[i], stored.indptr[i + 1]
+            want = dict(zip(stored.indices[a:b], stored.data[a:b]))
+            got = dict(zip(P.indices[P.indptr[i]:P.indptr[i + 1]], P.data[P.indptr[i]:P.indptr[i + 1]]))
+            np.testing.assert_allclose([got[j] for j in got], [want[j] for j in got], rtol=1e-4, atol=1e-5)
+    # neural scores may differ in the last bits (other batches): the best label must not
+    assert agree >= 0.95 * len(texts), (method, agree, len(texts))
+
+
+@pytest.mark.slow
+def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
+    for method in ("xr-linear", "parabel"):
+        _same_as_dag(toy_linear_run, method)
+    # the command: JSON lines with names and scores, best first; a file written whole
+    src = toy_linear_run / "texts.txt"
+    src.write_text("aw1 aw2 aw3 bw0 common filler\nhw1 hw2 hw3 hw4\n")
+    out = toy_linear_run / "top.jsonl"
+    r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/xr-linear"),
+                        "--top-k", "2", "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["line"] for x in rows] == [1, 2] and all(len(x["labels"]) == 2 for x in rows)
+    assert rows[0]["labels"][0]["label"] == "a" and rows[1]["labels"][0]["label"] == "h"
+    assert rows[0]["labels"][0]["score"] >= rows[0]["labels"][1]["score"] and "name" in rows[0]["labels"][0]
+    # bad input: a clear error naming the line; nothing written
+    src.write_bytes(b"aw1\n\xff\xfe\n")
+    out.unlink()
+    r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/parabel"),
+                        "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"{src}, line 2: not UTF-8" in r.stderr and not out.exists()
+
+
+@pytest.mark.slow
+def test_neural_methods_answer_new_text_as_the_dag(neural_toy_run):
+    for t in ("xtransformer", "xtransformer-tfidf-tfn", "xtransformer-paper-candidates", "elias", "elias-ensemble",
+              "lightxml"):
+        _same_as_dag(neural_toy_run, t, exact=False)
