@@ -82,14 +82,30 @@ def test_ranker_threshold_sparsifies_and_groups_by_cluster():
     X, Y = _separable(1)
     cl = np.array([0, 0, 1, 1, 2, 2])
     mask = sp.csr_matrix(np.ones((X.shape[0], 3), np.float32))
-    # liblinear shuffles with a process-wide RNG, so threaded runs may visit instances in
-    # another order: compare near the (unique) optimum, not at the loose default tolerance
-    tight = {"threshold": 0.0, "tol": 1e-6, "max_iter": 100000}
-    W1 = train_rankers(X, Y, cl, mask, tight, threads=1)
-    W2 = train_rankers(X, Y, cl, mask, tight, threads=2)
-    np.testing.assert_allclose(W1.toarray(), W2.toarray(), atol=1e-3)
+    # liblinear shuffles with a process-wide RNG: the parallel clusters run in forked processes,
+    # so even at the loose default tolerance (far from the optimum) the weights do not depend
+    # on the worker count
+    loose = {"threshold": 0.0, "tol": 0.1, "max_iter": 3}
+    W1 = train_rankers(X, Y, cl, mask, loose, threads=1)
+    for threads in (2, 3):
+        W2 = train_rankers(X, Y, cl, mask, loose, threads=threads)
+        assert (W1 != W2).nnz == 0 and W1.nnz == W2.nnz
     W3 = train_rankers(X, Y, cl, mask, {"threshold": 0.1})
     assert W3.nnz < W1.nnz and np.all(np.abs(W3.data) >= 0.1)
+
+
+def test_ranker_weights_do_not_depend_on_the_worker_count():
+    """Many small clusters solved concurrently, far from the optimum (where liblinear's visiting
+    order shows in the weights): the same bytes with 1, 2 and 4 workers."""
+    rng = np.random.default_rng(0)
+    X = sp.random(600, 80, density=0.1, random_state=1, format="csr", dtype=np.float64)
+    Y = sp.csr_matrix((rng.random((600, 48)) < 0.1).astype(np.float32))
+    cl = np.repeat(np.arange(24), 2)
+    loose = {"threshold": 0.0, "tol": 0.5, "max_iter": 4}
+    W1 = train_rankers(X, Y, cl, None, loose, threads=1)
+    for threads in (2, 4):
+        W = train_rankers(X, Y, cl, None, loose, threads=threads)
+        assert W.nnz == W1.nnz and np.array_equal(W.indices, W1.indices) and np.array_equal(W.data, W1.data), threads
 
 
 def test_ranker_degenerate_clusters():

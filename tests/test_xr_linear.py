@@ -1,5 +1,6 @@
 """XR-Linear: beam search, training with TFN/MAN, save/load, CLI, and debtags (slow)."""
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -188,7 +189,8 @@ def test_save_load_roundtrip(tmp_path):
     X, Y, tree, model = _model()
     model.save(tmp_path / "m")
     m2 = XRLinearModel.load(tmp_path / "m")
-    assert m2.params == model.params
+    # threads change the speed, not the model: not saved
+    assert m2.params == dataclasses.replace(model.params, threads=1)
     a, b = model.predict(X, beam=3, topk=7), m2.predict(X, beam=3, topk=7)
     assert abs(a - b).max() == 0
 

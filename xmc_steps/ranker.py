@@ -11,7 +11,10 @@ Generic on purpose: ``cluster_of_label`` groups the "labels" (they may be tree n
 real labels, or one label per group for arbitrary per-label candidate sets as ELIAS++
 needs) and ``instance_cluster_mask`` (``N x K``) says which instances each group
 trains on.  Each group's instance subset is sliced once and its labels are trained
-one after the other; groups run in a thread pool (liblinear releases the GIL).
+one after the other; groups run in forked worker processes (``threads`` of them), never
+in threads of one process: liblinear's coordinate order comes from the process's one
+``rand()`` state, so solves in concurrent threads would change each other's results.
+The weights are thus the same for any ``threads`` (a test compares them byte for byte).
 
 ``W`` has shape ``(d + 1) x L``: rows ``0..d-1`` the feature weights, row ``d`` the bias
 weight (the feature value of the bias is ``params.bias``, 1.0 by default, and the bias
@@ -24,9 +27,10 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,6 +131,21 @@ def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndar
     return w, b
 
 
+#: the per-cluster solve the forked workers of :func:`train_rankers` call (set just before the fork)
+_FORKED: dict[str, Callable[[int], Any]] = {}
+
+
+def _run_forked(k: int):
+    return _FORKED["run"](k)
+
+
+def _quiet(run: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``run`` without its progress call (a worker process reports nothing; the parent counts)."""
+    def f(k: int):
+        return run(k, report=False)
+    return f
+
+
 def _groups(cluster_of_label: np.ndarray, K: int) -> list[np.ndarray]:
     order = np.argsort(cluster_of_label, kind="stable")
     bounds = np.searchsorted(cluster_of_label[order], np.arange(K + 1))
@@ -148,7 +167,8 @@ def train_rankers(
     ``L`` ints in ``0..K-1``.  ``instance_cluster_mask``: ``N x K`` 0/1; label ``l`` trains
     on the instances ``i`` with ``mask[i, cluster_of_label[l]]`` plus its own positives;
     ``None`` trains every label on all instances.  ``progress(done, total)`` is called
-    after each cluster (from worker threads).  ``threads``: clusters trained in parallel.
+    after each cluster.  ``threads``: clusters trained in parallel (forked processes; the
+    result does not depend on it).
     """
     p = params if isinstance(params, RankerParams) else RankerParams.from_dict(params)
     X = sp.csr_matrix(X)
@@ -182,7 +202,7 @@ def train_rankers(
     todo = [k for k in range(K) if len(groups[k])]
     done = [0]
 
-    def run(k: int):
+    def run(k: int, report: bool = True):
         labels = groups[k]
         Yk = Yc[:, labels]  # CSC column slice: cost bounded by these labels' positives
         Yk.sort_indices()
@@ -219,17 +239,32 @@ def train_rankers(
             out_val.append(full[nz].astype(np.float32))
             out_cnt.append(len(nz))
         done[0] += 1
-        if progress:
+        if progress and report:
             progress(done[0], len(todo))
         return labels, out_idx, out_val, out_cnt
 
     t0 = time.perf_counter()
-    if threads > 1 and len(todo) > 1:
-        # largest clusters first for better load balance
+    if threads > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        # largest clusters first for better load balance.  Worker *processes*, not threads:
+        # liblinear draws its coordinate order from the C library's one rand() state per
+        # process, which sklearn re-seeds before each solve; two solves in threads of one
+        # process interleave their draws, so the weights would depend on the scheduling (and
+        # the thread count).  A forked worker inherits X and the masks without a copy and runs
+        # its solves one after another: every ranker is the same whatever ``threads`` is.
         sizes = {k: len(groups[k]) for k in todo}
         todo_sorted = sorted(todo, key=lambda k: -sizes[k])
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            results = list(pool.map(run, todo_sorted))
+        done_parent = 0
+        _FORKED["run"] = _quiet(run)
+        try:
+            with ProcessPoolExecutor(max_workers=threads, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = []
+                for r in pool.map(_run_forked, todo_sorted):
+                    results.append(r)
+                    done_parent += 1
+                    if progress:
+                        progress(done_parent, len(todo))
+        finally:
+            _FORKED.pop("run", None)
     else:
         results = [run(k) for k in todo]
     # assemble a CSC (d+1) x L matrix

@@ -185,7 +185,9 @@ class XRLinearModel:
             io.save_csr(path / f"W_{t}.npz", w)
         io.write_json(path / "params.json", {
             "format": FORMAT, "depth": self.tree.depth, "n_features": self.n_features,
-            "n_labels": self.n_labels, "level_sizes": self.tree.level_sizes, "params": self.params.to_dict()})
+            "n_labels": self.n_labels, "level_sizes": self.tree.level_sizes,
+            # threads change the speed, not the model: left out, so a model is the same file for any
+            "params": {k: v for k, v in self.params.to_dict().items() if k != "threads"}})
 
     @classmethod
     def load(cls, path) -> "XRLinearModel":
