@@ -196,6 +196,23 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
     np.testing.assert_allclose(r["scores"].toarray(), P.toarray(), atol=1e-5)
 
 
+def test_training_is_repeatable_for_a_seed(tiny, tmp_path):
+    """Two runs with one seed and one thread count write the same model bytes (the random parts of the
+    network are drawn from train.seed); another seed gives another model.  (Across thread counts
+    torch's CPU kernels sum in another order: README, "Determinism".)"""
+    d = _write_toy(tmp_path)
+    digests = []
+    for run, seed in (("a", 0), ("b", 0), ("c", 1)):
+        params = {"encoder": tiny, "last_k": 2, "flat_max_labels": 2, "topb": 2, "hidden": 16, "device": "cpu",
+                  "threads": 1, "eval_every": 0, "train": {"steps": 20, "batch_size": 16, "lr": 2e-3, "seed": seed}}
+        argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
+                str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(tmp_path / run),
+                "--params", json.dumps(params), "--no-tracking"]
+        assert cli_main(lightxml.main, argv) == 0
+        digests.append((tmp_path / run / "model.safetensors").read_bytes())
+    assert digests[0] == digests[1] and digests[0] != digests[2]
+
+
 def test_cli_fails_loudly_when_nothing_was_learned(tiny, tmp_path, capsys):
     # label 8 is on 60% of the texts, whatever they say: the frequency prior's P@1 is about 0.6
     ids, lengths, cls = toy_tokens(48, 12, 4, seed=3)

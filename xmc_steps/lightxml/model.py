@@ -179,6 +179,9 @@ class LightXMLModel(nn.Module):
 
 def build_model(params: LightXMLParams, n_labels: int, cluster_of: np.ndarray | None, n_clusters: int | None,
                 pretrained: bool = True) -> LightXMLModel:
+    """The network of ``params``; its random parts (generator, bottleneck, label embeddings) drawn
+    from ``params.train.seed``, so a run is repeatable (as the matcher's and ELIAS's)."""
+    neural.seed_everything(params.train.seed)
     enc = neural.TextEncoder(params.encoder, pooling="cls-concat-last-k", last_k=params.last_k, pretrained=pretrained)
     return LightXMLModel(enc, n_labels, cluster_of, n_clusters, hidden=params.hidden, topb=params.topb,
                          dropout=params.dropout, bottleneck=params.bottleneck, train_candidates=params.train_candidates)
