@@ -135,3 +135,22 @@ def test_paper_config_predicts_with_the_trained_beam_and_shortlist():
         K = el["predict"]["K"] if el["predict"]["K"] is not None else el["index"]["K"]
         b = el["predict"]["b"] if el["predict"]["b"] is not None else el["index"]["b"]
         assert (b, K) == (20, 2000), (d, el["predict"], el["index"])
+
+
+def test_seed_replicas_reseed_everything_but_the_split():
+    c = config.load(ROOT / "config.yaml", {"datasets": {"debtags": {"seeds": [0, 1, 2]}}})
+    base = config.dataset_settings(c, "debtags")
+    rep = config.dataset_settings(c, "debtags-seed2")
+    assert config.replica_of(c, "debtags-seed2") == ("debtags", 2) and rep["replica_of"] == "debtags"
+    assert rep["split"] == base["split"]                       # the same validation and test documents
+    assert rep["cluster"]["seed"] == rep["lightxml"]["cluster"]["seed"] == 2
+    assert rep["xr_linear"]["solver"]["seed"] == rep["lightxml"]["train"]["seed"] == 2
+    assert rep["elias"]["seeds"] == [2] and rep["elias"]["ensemble_seeds"] == base["elias"]["ensemble_seeds"]
+    assert rep["path"].endswith("debtags")                     # reads its base's files
+    assert rep["evaluate"]["propensity"] == {"A": 0.55, "B": 1.5}
+    # only the configured seeds are replicas; seed 0 is the dataset's own run
+    assert config.replica_of(c, "debtags-seed3") is None and config.replica_of(c, "debtags-seed0") is None
+    assert config.replica_of(config.load(ROOT / "config.yaml"), "debtags-seed1") is None
+    # a replica of a Wikipedia set keeps its base's propensity constants
+    w = config.load(ROOT / "config.yaml", {"datasets": {"wiki500k": {"seeds": [0, 1]}}})
+    assert config.dataset_settings(w, "wiki500k-seed1")["evaluate"]["propensity"] == {"A": 0.5, "B": 0.4}

@@ -74,3 +74,30 @@ def test_leaderboard_targets_rank_what_has_run(toy_linear_run):
     assert "notes.json" not in r.stdout + r.stderr
     for f in ("lightxml.json", "notes.json"):
         (tmp / "results/toy" / f).unlink()
+
+
+def test_seed_summary_and_noise_marks():
+    from xmc_steps import leaderboard as lb
+
+    def res(method, dataset, p1):
+        return {"method": method, "dataset": dataset,
+                "metrics": {k: p1 if k == "p_at_1" else 50.0 for k in lb.SEED_METRICS}}
+
+    a = lb.seed_summary([res("parabel", "d", 90.05), res("parabel", "d-seed1", 89.70), res("parabel", "d-seed2", 89.72)])
+    assert a["n"] == 3 and a["mean"]["p_at_1"] == pytest.approx(89.8233, abs=1e-3)
+    assert a["std"]["p_at_1"] == pytest.approx(0.1966, abs=1e-3) and a["std"]["p_at_5"] == 0.0
+    b = lb.seed_summary([res("xr-linear", "d", 89.70), res("xr-linear", "d-seed1", 89.60)])
+    c = lb.seed_summary([res("elias", "d", 92.6), res("elias", "d-seed1", 92.5)])
+    with pytest.raises(ValueError, match="one target"):
+        lb.seed_summary([res("a", "d", 1.0), res("b", "d", 1.0)])
+    blank = dict.fromkeys(lb.METRICS + ["train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
+                                        "paper_p_at_3", "paper_p_at_5", "machine", "paper_source"])
+    rows = [{**blank, "method": m, "p_at_1": p}
+            for m, p in (("elias", 92.6), ("parabel", 90.05), ("xr-linear", 89.7), ("x", 80.0))]
+    rows = lb.add_seed_columns(rows, [a, b, c])
+    marks = {r["method"]: r["within_noise_of"] for r in rows}
+    # parabel's mean is 2.7 below ELIAS's (far outside both spreads); xr-linear's 0.17 below parabel's,
+    # within 0.20 + 0.07
+    assert marks == {"elias": None, "parabel": None, "xr-linear": "parabel", "x": None}
+    assert lb._seed_cell(rows[2]) == "89.65 ± 0.07 (2) ≈ parabel" and lb._seed_cell(rows[3]) == "-"
+    assert "P@1 over seeds" in lb.markdown("d", rows)

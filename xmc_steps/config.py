@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -226,9 +227,70 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+#: a seed replica of a dataset: ``<dataset>-seed<k>`` (:func:`replica_of`)
+_REPLICA = re.compile(r"^(?P<base>.+)-seed(?P<seed>\d+)$")
+
+
+def replica_of(config: Mapping[str, Any], dataset: str) -> tuple[str, int] | None:
+    """``(base, k)`` when ``dataset`` is the seed-``k`` replica ``<base>-seed<k>`` of a dataset whose
+    ``seeds`` list holds ``k`` (and no dataset of that name is configured), else None.
+
+    A replica is the base dataset (its data, its settings) with every ``seed`` setting except the
+    split's (so the validation and test documents stay the same) set to ``k``, and ELIAS's clustering
+    ``seeds`` to ``[k]``: cluster trees, solver and training seeds.  Its targets, under
+    ``results/<base>-seed<k>/``, give the spread a leaderboard reports as mean +- std over ``seeds``
+    (seed 0 is the base dataset's own run, with its seeds as configured)."""
+    m = _REPLICA.match(dataset)
+    if not m or dataset in (config.get("datasets") or {}):
+        return None
+    base, k = m.group("base"), int(m.group("seed"))
+    if k == 0 or k not in (dataset_settings(config, base).get("seeds") or []):
+        return None
+    return base, k
+
+
+def _reseed(node: Any, k: int, path: str = "") -> Any:
+    """``node`` with every ``seed`` but the split's set to ``k``; a training recipe (``train``) or a
+    rankers' ``solver`` section gets ``seed: k`` even where config.yaml leaves it to the default."""
+    if isinstance(node, Mapping):
+        out = {}
+        for key, v in node.items():
+            here = f"{path}.{key}" if path else key
+            if key == "seed" and isinstance(v, int) and here != "split.seed":
+                out[key] = k
+            elif here == "elias.seeds":
+                out[key] = [k]
+            elif key in ("train", "solver") and isinstance(v, Mapping):
+                out[key] = {**_reseed(v, k, here), "seed": k}
+            else:
+                out[key] = _reseed(v, k, here)
+        return out
+    return node
+
+
 def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     """Effective settings of ``dataset``: defaults deep-merged with its own section; ``gudn.backbone`` is
-    the ``lightxml`` section with ``gudn.backbone``'s changes merged in."""
+    the ``lightxml`` section with ``gudn.backbone``'s changes merged in.  A seed replica
+    (:func:`replica_of`) has its base's settings reseeded, ``replica_of`` naming the base, ``path``
+    the base's data folder (unless the base sets one) and the base's propensity constants."""
+    rep = replica_of(config, dataset)
+    if rep is not None:
+        from .metrics import propensity_constants
+
+        base, k = rep
+        s = _reseed(dataset_settings(config, base), k)
+        A, B = propensity_constants(base)
+        prop = s["evaluate"].get("propensity") or {}
+        s["evaluate"] = {**s["evaluate"], "propensity": {"A": A if prop.get("A") is None else prop["A"],
+                                                         "B": B if prop.get("B") is None else prop["B"]}}
+        s["replica_of"] = base
+        if not s.get("path"):   # the base's files (the ingest rule reads --path)
+            from .datasets import candidate_folders
+
+            data_dir = config.get("data_dir", "data")
+            folders = candidate_folders(base, data_dir)
+            s["path"] = str(next((f for f in folders if f.is_dir()), folders[0]))
+        return s
     own = (config.get("datasets") or {}).get(dataset) or {}
     s = deep_merge(config["defaults"], own)
     if "gudn" in s and "lightxml" in s:   # GUDN's network is LightXML's: its backbone is that section + changes

@@ -22,6 +22,8 @@ computed once and reused across methods and variants:
   (``sampling``: ``dynamic`` or ``static`` negatives; the model, ``predictions_test.parquet``); its clusters
   are ``index/pifa-tfidf/tree-b2-l{leaf_size}-s{seed}``; ``LIGHTXML_ENSEMBLE``; a GUDN model ``GUDN``
   ``gudn/{tree}/{enc}-{maxlen}/{guides}/`` (``guides``: ``full``, ``no-feature-guide``, ``no-link-guide``)
+* ``SEEDS`` (``.json``): a target over the dataset's ``seeds`` (its runs on the replicas
+  ``<dataset>-seed<k>``, :func:`xmc_steps.config.replica_of`), for the leaderboard's mean +- std
 * ``LEADERBOARD`` (every evaluated target of a dataset, ranked; :mod:`xmc_steps.leaderboard`) and the
   cross-dataset ``LEADERBOARD_ALL``
 * ``UNTAGGED`` (debtags: the Debian packages without Debtags) and ``SUGGESTIONS`` (``.parquet``: a
@@ -66,6 +68,7 @@ LIGHTXML = "{dataset}/lightxml/{tree}/{enc}-{maxlen}/{sampling}"
 LIGHTXML_ENSEMBLE = "{dataset}/lightxml/ensemble-{variant}"
 GUDN = "{dataset}/gudn/{tree}/{enc}-{maxlen}/{guides}"
 METHOD = "{dataset}/{method}"   # a method's folder; METHOD + ".json" its evaluated result
+SEEDS = "{dataset}/seeds/{method}"   # + .json: a target's metrics over the dataset's seed replicas (mean, std)
 LEADERBOARD = "{dataset}/leaderboard"   # + .md, .csv, .png, _recall.png, _deciles.png
 LEADERBOARD_ALL = "leaderboard"          # the cross-dataset table (+ .md)
 CONFIG = "{dataset}/config/{method}.json"

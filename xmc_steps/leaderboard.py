@@ -16,6 +16,12 @@ source) and three figures: ``leaderboard.png`` (P@1/3/5 bars), ``leaderboard_rec
 their R@10/20/100 points) and ``leaderboard_deciles.png`` (each target's recall@100 split over the
 label-frequency deciles, head first, ELIAS Fig. 5 right).  Rows are sorted by P@1, best first.
 With ``--tables`` it writes the cross-dataset table (one block per dataset, the main columns).
+
+Run-to-run noise: with ``seeds: [0, 1, 2]`` in a dataset's settings, ``results/<dataset>/seeds/<method>.json``
+(rule ``seed_summary``, ``--summarise``) holds the target's metrics over its seed replicas
+(:func:`xmc_steps.config.replica_of`) as mean and standard deviation; the leaderboard, given such
+summaries (``--seeds``), shows P@1 as mean +- std and marks a target within that noise of the one
+above it (:func:`add_seed_columns`).
 """
 
 from __future__ import annotations
@@ -72,6 +78,54 @@ def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | 
     return rows
 
 
+#: the metrics a seed summary gives mean and standard deviation of
+SEED_METRICS = ["p_at_1", "p_at_3", "p_at_5", "ndcg_at_5", "psp_at_5", "recall_at_100"]
+
+
+def seed_summary(results: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One target's runs over seeds (its results documents, one per seed replica): for every metric of
+    :data:`SEED_METRICS` the mean and the sample standard deviation (``n - 1``; 0 for one run)."""
+    import statistics
+
+    if not results:
+        raise ValueError("a seed summary needs at least one results document")
+    methods = {r["method"] for r in results}
+    if len(methods) != 1:
+        raise ValueError(f"a seed summary is of one target; got {sorted(methods)}")
+    out: dict[str, Any] = {"method": methods.pop(), "datasets": [r["dataset"] for r in results], "n": len(results),
+                           "mean": {}, "std": {}, "runs": {}}
+    for k in SEED_METRICS:
+        vals = [float(r["metrics"][k]) for r in results]
+        out["runs"][k] = vals
+        out["mean"][k] = statistics.fmean(vals)
+        out["std"][k] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return out
+
+
+def add_seed_columns(rows: list[dict[str, Any]], summaries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """P@1 mean +- std over seeds on the rows whose target has a seed summary, and a mark where a row's
+    P@1 is within that noise of the row above it (rows best first).
+
+    Within noise: the two targets' mean P@1 differ by no more than the sum of their standard
+    deviations over seeds (about one standard deviation of the difference, a deliberately lenient
+    test: a researcher should not read more into such a gap).  A target without a seed summary has
+    no known noise and gets no mark.
+    """
+    by = {s["method"]: s for s in summaries}
+    for r in rows:
+        s = by.get(r["method"])
+        r["p_at_1_mean"] = s["mean"]["p_at_1"] if s else None
+        r["p_at_1_std"] = s["std"]["p_at_1"] if s else None
+        r["n_seeds"] = s["n"] if s else None
+        r["within_noise_of"] = None
+    for above, r in zip(rows, rows[1:]):
+        if r["n_seeds"] and above["n_seeds"] and r["n_seeds"] > 1 and above["n_seeds"] > 1:
+            gap = abs(above["p_at_1_mean"] - r["p_at_1_mean"])
+            if gap <= above["p_at_1_std"] + r["p_at_1_std"]:
+                r["within_noise_of"] = above["method"]
+    return rows
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -80,18 +134,29 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _seed_cell(r: Mapping[str, Any]) -> str:
+    if not r.get("n_seeds"):
+        return "-"
+    cell = f"{r['p_at_1_mean']:.2f} ± {r['p_at_1_std']:.2f} ({r['n_seeds']})"
+    return cell + (f" ≈ {r['within_noise_of']}" if r.get("within_noise_of") else "")
+
+
 def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
-    cols = ["method"] + METRICS + ["train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
-                                   "paper_p_at_3", "paper_p_at_5", "machine"]
+    seeds = any(r.get("n_seeds") for r in rows)
+    cols = ["method"] + METRICS + (["seeds_p_at_1"] if seeds else []) + [
+        "train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
+        "paper_p_at_3", "paper_p_at_5", "machine"]
     names = {**HEAD, "method": "target", "train_time_s": "train s", "predict_ms_per_doc": "predict ms/doc",
              "model_size_mb": "model MB", "gain_p_at_1": "P@1 gain over Parabel %", "paper_p_at_1": "paper P@1",
-             "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine"}
+             "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine",
+             "seeds_p_at_1": "P@1 over seeds (n); ≈ within noise of the row above"}
     out = [f"# Leaderboard: {dataset}", "",
            "Metrics in percent on the test split, best P@1 first; 'paper' columns are the papers' own figures for this "
            "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data.", "",
            "| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join(_fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
+        out.append("| " + " | ".join(_seed_cell(r) if c == "seeds_p_at_1" else
+                                     _fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
     sources = sorted({(r["method"], r["paper_source"]) for r in rows if r["paper_source"]})
     if sources:
         out += ["", "Papers' figures:"] + [f"- {m}: {s}" for m, s in sources]
@@ -188,11 +253,26 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.leaderboard", description=__doc__.splitlines()[0])
     p.add_argument("--results", nargs="*", default=[], help="results files of one dataset")
     p.add_argument("--tables", nargs="*", default=[], help="leaderboard.csv files: the cross-dataset table")
+    p.add_argument("--seeds", nargs="*", default=[],
+                   help="with --results: seed summaries (results/<dataset>/seeds/<method>.json) to add; alone with "
+                        "--summarise: the results files of one target over seeds, summarised into --out")
+    p.add_argument("--summarise", action="store_true", help="write the seed summary of the --seeds results files")
     p.add_argument("--out", required=True, help="leaderboard .md (the .csv and .png beside it)")
     p.add_argument("--reported", help="the papers' figures (workflow/reported.json)")
     add_common_args(p)
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.summarise:
+        with stage_run("seed_summary", args, outputs=[str(out)]) as st:
+            try:
+                summary = seed_summary([io.read_json(f) for f in args.seeds])
+            except (OSError, ValueError, KeyError) as e:
+                raise StageError(f"seed summary of {' '.join(args.seeds)}: {e}") from e
+            io.write_json(out, summary)
+            st.output("summary", out)
+            st.log.info("%s over %d seeds: P@1 %.2f +- %.2f", summary["method"], summary["n"],
+                        summary["mean"]["p_at_1"], summary["std"]["p_at_1"])
+        return
     if args.tables:
         with stage_run("leaderboard", args, outputs=[str(out)]) as st:
             io.write_text(out, cross_dataset([Path(t) for t in args.tables]))
@@ -211,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
             raise StageError("no results file to rank: evaluate a target first (results/<dataset>/<method>.json)")
         dataset = args.dataset or results[0]["dataset"]
         reported = io.read_json(args.reported) if args.reported else None
-        rows = rows_of(results, reported)
+        rows = add_seed_columns(rows_of(results, reported), [io.read_json(f) for f in args.seeds])
         io.write_text(out, markdown(dataset, rows))
         write_csv(str(stem) + ".csv", rows)
         plots(results, rows, stem, dataset)

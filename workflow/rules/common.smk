@@ -124,13 +124,18 @@ def ENC(wildcards):
     return xcfg.encoder_name(S(wildcards), wildcards.enc)
 
 
+def data_name(wildcards):
+    """The dataset whose files a dataset reads: itself, or the base of a seed replica."""
+    return S(wildcards).get("replica_of") or wildcards.dataset
+
+
 def dataset_inputs(wildcards):
     """The upstream files of a dataset (the built-in debtags is made by `prepare`)."""
     s = S(wildcards)
-    if wildcards.dataset == "debtags" and not s.get("path"):
+    if data_name(wildcards) == "debtags" and not s.get("path"):
         return [f"{DATA}/debtags/{n}" for n in DEBTAGS_FILES]
     try:
-        files = xds.locate(wildcards.dataset, DATA, s.get("path"), s.get("layout"))
+        files = xds.locate(data_name(wildcards), DATA, s.get("path"), s.get("layout"))
     except xds.StageError as e:
         raise WorkflowError(str(e))
     return [str(p) for p in files.inputs()]

@@ -106,6 +106,35 @@ def evaluated_targets(dataset):
     return out
 
 
+def seed_results(w):
+    """A target's results on each of the dataset's seeds: seed 0 is the dataset's own run, seed k the
+    replica <dataset>-seed<k> (xmc_steps.config.replica_of)."""
+    return [R(lay.METHOD, w, dataset=w.dataset if k == 0 else f"{w.dataset}-seed{k}") + ".json"
+            for k in S(w)["seeds"]]
+
+
+rule seed_summary:
+    """A target over the dataset's `seeds`: every main metric's mean and standard deviation."""
+    input:
+        seed_results,
+    output:
+        R(lay.SEEDS) + ".json",
+    log:
+        "logs/seed_summary/{dataset}-{method}.log",
+    localrule: True
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY} -m xmc_steps.leaderboard --summarise --seeds {input} --out {output} --log {log:q} --no-tracking"
+
+
+def seed_summaries(dataset):
+    """The seed summaries of a dataset that exist now (the leaderboard shows what has run)."""
+    import glob
+
+    return sorted(glob.glob(R(lay.SEEDS, dataset=dataset, method="*") + ".json"))
+
+
 rule leaderboard:
     """Every evaluated target of a dataset side by side, with the papers' figures and the plots."""
     input:
@@ -126,15 +155,16 @@ rule leaderboard:
     log:
         "logs/leaderboard/{dataset}.log",
     params:
-        results=lambda w: [(p, os.path.getmtime(p)) for p in evaluated_targets(w.dataset)],
+        results=lambda w: [(p, os.path.getmtime(p)) for p in evaluated_targets(w.dataset) + seed_summaries(w.dataset)],
         files=lambda w: " ".join(evaluated_targets(w.dataset)),
+        seeds=lambda w: " ".join(["--seeds"] + seed_summaries(w.dataset)) if seed_summaries(w.dataset) else "",
         settings=lambda w: "{}",
         hash=lambda w: "none",   # it depends on no setting
     localrule: True
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.leaderboard --results {params.files} --reported {input.reported:q} --out {output.md} "
+        "{PY} -m xmc_steps.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} --out {output.md} "
         + STAGE_ARGS
 
 

@@ -17,12 +17,12 @@ def gudn_params(w):
 def label_texts_file(w):
     """The label text file the dataset would have (named in GUDN's error when it has none)."""
     s = S(w)
-    if w.dataset == "debtags" and not s.get("path"):
+    if data_name(w) == "debtags" and not s.get("path"):
         return f"{DATA}/debtags/label_texts.txt"
     try:
-        folder = xds.locate(w.dataset, DATA, s.get("path"), s.get("layout")).folder
+        folder = xds.locate(data_name(w), DATA, s.get("path"), s.get("layout")).folder
     except xds.StageError:
-        folder = f"{DATA}/{w.dataset}"
+        folder = f"{DATA}/{data_name(w)}"
     return f"{folder}/label_texts.txt"
 
 
