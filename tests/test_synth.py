@@ -44,7 +44,7 @@ def test_same_seed_same_data_other_seed_other_data(tmp_path):
     a = synth.write(small, 0.0005, tmp_path / "a", seed=1)
     b = synth.write(small, 0.0005, tmp_path / "b", seed=1)
     c = synth.write(small, 0.0005, tmp_path / "c", seed=2)
-    assert a["written"] == b["written"]
+    assert a["written"] == b["written"] and c["written"]
     for f in ("train_texts.txt", "train_labels.txt", "test_labels.txt", "label_texts.txt"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     assert (tmp_path / "a" / "train_labels.txt").read_bytes() != (tmp_path / "c" / "train_labels.txt").read_bytes()
