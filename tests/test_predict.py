@@ -28,6 +28,17 @@ def test_incomplete_model_folder_is_named(tmp_path):
         xp.Target.load(tmp_path / "results" / "toy" / "xr-linear")
 
 
+def test_cli_errors_name_the_problem(tmp_path, capsys, monkeypatch):
+    assert xp.main(["--model", str(tmp_path / "results" / "toy" / "lightxml")]) == 2
+    assert "incomplete model folder" in capsys.readouterr().err
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert xp.main(["--model", str(tmp_path / "results" / "toy" / "lightxml"), "--device", "cuda"]) == 2
+    assert "--device cuda: device 'cuda' requested but CUDA is not available" in capsys.readouterr().err
+    assert xp.main(["--model", "x", "--top-k", "0"]) == 2
+
+
 def _stored(tmp, method: str):
     """The DAG's test predictions of a target (CSR) and its test texts."""
     res = str(tmp / "results")

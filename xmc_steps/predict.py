@@ -450,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --top-k and --batch-size must be at least 1", file=sys.stderr)
         return 2
     try:
+        if args.device not in ("auto", "cpu"):
+            from .neural import resolve_device
+
+            try:
+                resolve_device(args.device)
+            except (ValueError, RuntimeError) as e:
+                raise PredictError(f"--device {args.device}: {e}") from None
         target = Target.load(args.model)
         if args.input == "-":
             stream, name, total = sys.stdin.buffer, "<stdin>", None
