@@ -30,7 +30,7 @@ from ..neural_stage import (load_tokens, prediction_inputs, record_training, rem
 from ..stage import StageError, add_common_args, stage_run
 from .model import FORMAT, build_model, load_lightxml, predict
 from .params import LightXMLParams
-from .train import Guide, frequency_prior, train_lightxml, valid_metrics
+from .train import Guide, frequency_prior, refit_generator, train_lightxml, valid_metrics
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
@@ -130,6 +130,13 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                 trainer = train_lightxml(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                          valid=(tokens["valid"], Y_valid), guide=guide, label_tokens=label_tokens)
             record_training(st, trainer)
+            head = None
+            if params.head_refit:
+                with st.timed("head_refit"):
+                    head = refit_generator(model, tokens["train"], Y_train, (tokens["valid"], Y_valid), params,
+                                           trainer.device, st.log)
+                st.metric("valid_p_at_1_trained_generator", head["trained"])
+                st.metric("valid_p_at_1_refit_generator", head["refit"])
             with st.timed("valid"):
                 m = valid_metrics(model, tokens["valid"], Y_valid, params, trainer.device, progress=st.log.info)
             prior = frequency_prior(Y_train, Y_valid, params.topk)
@@ -152,6 +159,7 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                     "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
                     "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
                     "device": str(trainer.device), "valid": m, "valid_prior": prior, "valid_start": start,
+                    "generator": head or {"kept": "trained"},
                     **described}
             save_trained(st, out, model, "lightxml.json", meta, FORMAT)
             plot_curve(out / "curve.png", curve, m["p_at_1"], prior["p_at_1"], trainer.step)

@@ -36,6 +36,8 @@ class LightXMLParams(Params):
     head_init_l2: float = 0.001       # ... ridge of that fit, relative to the mean eigenvalue of E^T E
     head_init_scale: float = 4.0      # ... of the targets +-scale (the start's logits)
     lr_generator: float | None = None  # the generator's rate; None: train.lr (the discriminator always trains at train.lr)
+    head_refit: bool = False          # after training: re-fit the generator by least squares on the fine-tuned
+                                      # encoder, kept when its valid P@1 is higher (not in the paper)
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
     swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
