@@ -250,7 +250,7 @@ def _ensemble(members: list[sp.csr_matrix], method: str, topk: int) -> sp.csr_ma
 @predictor("lightxml")
 def _lightxml(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
     members = layout.lightxml_members(t.settings, variant)
-    k = max(topk, 100) if len(members) > 1 else topk   # members keep the DAG's top-100 before combining
+    k = max(topk, int(t.settings["evaluate"]["topk"])) if len(members) > 1 else topk   # as the DAG's members
     scores = [_lightxml_network(t, m.dir(t.res, t.dataset), f, k, device) for m in members]
     return _ensemble(scores, t.settings["lightxml"]["ensemble"]["method"], topk)
 

@@ -30,7 +30,7 @@ import warnings
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -139,11 +139,14 @@ def _run_forked(k: int):
     return _FORKED["run"](k)
 
 
-def _quiet(run: Callable[[int], Any]) -> Callable[[int], Any]:
-    """``run`` without its progress call (a worker process reports nothing; the parent counts)."""
-    def f(k: int):
-        return run(k, report=False)
-    return f
+def _collect(results: Iterable[Any], total: int, progress: Callable[[int, int], None] | None) -> list[Any]:
+    """The clusters' results in order, reporting ``progress(done, total)`` after each."""
+    out = []
+    for r in results:
+        out.append(r)
+        if progress:
+            progress(len(out), total)
+    return out
 
 
 def _groups(cluster_of_label: np.ndarray, K: int) -> list[np.ndarray]:
@@ -167,7 +170,7 @@ def train_rankers(
     ``L`` ints in ``0..K-1``.  ``instance_cluster_mask``: ``N x K`` 0/1; label ``l`` trains
     on the instances ``i`` with ``mask[i, cluster_of_label[l]]`` plus its own positives;
     ``None`` trains every label on all instances.  ``progress(done, total)`` is called
-    after each cluster.  ``threads``: clusters trained in parallel (forked processes; the
+    after each cluster (in the calling process).  ``threads``: clusters trained in parallel (forked processes; the
     result does not depend on it).
     """
     p = params if isinstance(params, RankerParams) else RankerParams.from_dict(params)
@@ -200,9 +203,8 @@ def train_rankers(
     Yc.eliminate_zeros()
     groups = _groups(col, K)
     todo = [k for k in range(K) if len(groups[k])]
-    done = [0]
 
-    def run(k: int, report: bool = True):
+    def run(k: int):
         labels = groups[k]
         Yk = Yc[:, labels]  # CSC column slice: cost bounded by these labels' positives
         Yk.sort_indices()
@@ -238,9 +240,6 @@ def train_rankers(
             out_idx.append(feat_b_j[nz].astype(np.int32))
             out_val.append(full[nz].astype(np.float32))
             out_cnt.append(len(nz))
-        done[0] += 1
-        if progress and report:
-            progress(done[0], len(todo))
         return labels, out_idx, out_val, out_cnt
 
     t0 = time.perf_counter()
@@ -252,21 +251,14 @@ def train_rankers(
         # the thread count).  A forked worker inherits X and the masks without a copy and runs
         # its solves one after another: every ranker is the same whatever ``threads`` is.
         sizes = {k: len(groups[k]) for k in todo}
-        todo_sorted = sorted(todo, key=lambda k: -sizes[k])
-        done_parent = 0
-        _FORKED["run"] = _quiet(run)
+        _FORKED["run"] = run
         try:
             with ProcessPoolExecutor(max_workers=threads, mp_context=multiprocessing.get_context("fork")) as pool:
-                results = []
-                for r in pool.map(_run_forked, todo_sorted):
-                    results.append(r)
-                    done_parent += 1
-                    if progress:
-                        progress(done_parent, len(todo))
+                results = _collect(pool.map(_run_forked, sorted(todo, key=lambda k: -sizes[k])), len(todo), progress)
         finally:
             _FORKED.pop("run", None)
     else:
-        results = [run(k) for k in todo]
+        results = _collect(map(run, todo), len(todo), progress)
     # assemble a CSC (d+1) x L matrix
     counts = np.zeros(L, dtype=np.int64)
     idx_of = [None] * L

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import layout
+from .tracking import flatten
 
 __all__ = ["CONCEPTS", "NA", "concepts", "parent_params"]
 
@@ -87,15 +88,6 @@ def concepts(method: str, settings: Mapping[str, Any], n_labels: int | None = No
     return {k: str(v) for k, v in c.items()}
 
 
-def _flatten(d: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            _flatten(v, key + ".", out)
-        else:
-            out[key] = v
-
-
 def parent_params(doc: Mapping[str, Any], n_labels: int | None = None) -> dict[str, Any]:
     """The parameters of a target's parent run from its effective config document
     (``{"dataset", "method", "config_hash", "settings"}``): the concepts first, then
@@ -108,8 +100,6 @@ def parent_params(doc: Mapping[str, Any], n_labels: int | None = None) -> dict[s
     if base == "xtransformer":  # a variant overrides these settings: the applied values
         for k, v in layout.xt_spec(settings, variant).items():
             out[f"xtransformer.applied.{k}"] = v
-    flat: dict[str, Any] = {}
-    _flatten(settings, "", flat)
-    for k, v in flat.items():
+    for k, v in flatten(settings).items():
         out.setdefault(k, v)
     return out

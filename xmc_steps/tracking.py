@@ -81,6 +81,7 @@ __all__ = [
     "parent_run_id",
     "annotate_parent",
     "log_artifacts",
+    "flatten",
     "flatten_params",
     "git_commit",
     "SHARED",
@@ -239,21 +240,28 @@ def _str_value(v: Any, limit: int) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested dict -> ``{"a.b.c": "value"}`` with values stringified and truncated."""
-    out: dict[str, str] = {}
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"a.b.c": value}`` (values as they are; an empty mapping is a value)."""
+    out: dict[str, Any] = {}
 
     def walk(d: Mapping[str, Any], pre: str) -> None:
         for k, v in d.items():
-            key = f"{pre}{k}"
             if isinstance(v, Mapping) and v:
-                walk(v, key + ".")
+                walk(v, f"{pre}{k}.")
             else:
-                ck = _clean_key(key)
-                if ck not in out:
-                    out[ck] = _str_value(v, MAX_PARAM_VAL_LENGTH)
+                out[f"{pre}{k}"] = v
 
     walk(params, prefix)
+    return out
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dict -> ``{"a.b.c": "value"}`` with keys cleaned and values stringified and truncated."""
+    out: dict[str, str] = {}
+    for key, v in flatten(params, prefix).items():
+        ck = _clean_key(key)
+        if ck not in out:
+            out[ck] = _str_value(v, MAX_PARAM_VAL_LENGTH)
     return out
 
 
@@ -358,8 +366,10 @@ def _q(s: str) -> str:
 
 def _get_or_create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None) -> str:
     rid = _find_parent(client, exp_id, dataset, method_key, log)
-    if rid is not None:
-        return rid
+    return rid if rid is not None else _create_parent(client, exp_id, dataset, method_key, config_hash, log)
+
+
+def _create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None) -> str:
     tags = {
         "xmc.run_type": "target",
         "xmc.dataset": dataset,
@@ -552,10 +562,7 @@ def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = 
                 changed = sorted(k for k, v in p_vals.items() if k in have and have[k] != v)
                 if changed:
                     old_id = parent_id
-                    tags_new = {"xmc.run_type": "target", "xmc.dataset": dataset, "xmc.method": method_key,
-                                "xmc.config_hash": config_hash or ""}
-                    parent_id = _retry(lambda: client.create_run(exp_id, tags=tags_new, run_name=method_key),
-                                       "create parent run", log).info.run_id
+                    parent_id = _create_parent(client, exp_id, dataset, method_key, config_hash, log)
                     _retry(lambda: client.log_batch(old_id, tags=[RunTag("xmc.run_type", "target-superseded"),
                                                                   RunTag("xmc.superseded_by", parent_id)],
                                                     synchronous=True), "supersede parent", log)

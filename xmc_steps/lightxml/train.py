@@ -54,17 +54,24 @@ def cluster_targets(model: LightXMLModel, Y: sp.spmatrix) -> sp.csr_matrix:
     return sp.csr_matrix(Y @ assignment_matrix(model.cluster_of.cpu().numpy(), model.n_clusters))
 
 
+def _fit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
+                   device: torch.device | str, log: logging.Logger) -> None:
+    """The generator's ``W_g, b_g`` := the ridge fit of its targets (``+-head_init_scale``) on the
+    encoder's representations of ``tokens`` as it is now (:func:`xmc_steps.linear_start.least_squares_head`)."""
+    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
+    W, b = least_squares_head(emb, cluster_targets(model, Y), params.head_init_l2, params.head_init_scale, bias=True)
+    with torch.no_grad():
+        model.generator.weight.copy_(torch.from_numpy(W).to(model.generator.weight.device))
+        model.generator.bias.copy_(torch.from_numpy(b).to(model.generator.bias.device))
+
+
 def linear_start(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
                  device: torch.device | str, log: logging.Logger) -> None:
     """``head_init: linear``: the generator's ``W_g, b_g`` from the least-squares fit of its targets
     (``+-head_init_scale``) on the pre-trained encoder's representations of the training texts (eval
     mode: no dropout), :func:`xmc_steps.linear_start.least_squares_head`."""
     t0 = time.perf_counter()
-    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
-    W, b = least_squares_head(emb, cluster_targets(model, Y), params.head_init_l2, params.head_init_scale, bias=True)
-    with torch.no_grad():
-        model.generator.weight.copy_(torch.from_numpy(W))
-        model.generator.bias.copy_(torch.from_numpy(b))
+    _fit_generator(model, tokens, Y, params, device, log)
     log.info("generator initialised by least squares on the pre-trained representations (l2 %g, targets +-%g) in "
              "%.1f s", params.head_init_l2, params.head_init_scale, time.perf_counter() - t0)
 
@@ -88,11 +95,7 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
     model.eval()
     trained = valid_metrics(model, valid[0], valid[1], params, device)["p_at_1"]
     keep = {k: v.detach().clone() for k, v in model.generator.state_dict().items()}
-    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
-    W, b = least_squares_head(emb, cluster_targets(model, Y), params.head_init_l2, params.head_init_scale, bias=True)
-    with torch.no_grad():
-        model.generator.weight.copy_(torch.from_numpy(W).to(model.generator.weight.device))
-        model.generator.bias.copy_(torch.from_numpy(b).to(model.generator.bias.device))
+    _fit_generator(model, tokens, Y, params, device, log)
     refit = valid_metrics(model, valid[0], valid[1], params, device)["p_at_1"]
     kept = "refit" if refit > trained else "trained"
     if kept == "trained":
