@@ -150,3 +150,18 @@ class Params:
     @classmethod
     def from_json(cls: type[T], s: str) -> T:
         return cls.from_dict(json.loads(s))
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"a.b.c": value}`` (values as they are; an empty mapping is a value)."""
+    out: dict[str, Any] = {}
+
+    def walk(d: Mapping[str, Any], pre: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, Mapping) and v:
+                walk(v, f"{pre}{k}.")
+            else:
+                out[f"{pre}{k}"] = v
+
+    walk(params, prefix)
+    return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import layout
-from .tracking import flatten
+from .params import flatten
 
 __all__ = ["CONCEPTS", "NA", "concepts", "parent_params"]
 

@@ -72,6 +72,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
+from .params import flatten
+
 __all__ = [
     "tracking_uri",
     "results_dir",
@@ -81,7 +83,6 @@ __all__ = [
     "parent_run_id",
     "annotate_parent",
     "log_artifacts",
-    "flatten",
     "flatten_params",
     "git_commit",
     "SHARED",
@@ -238,21 +239,6 @@ def _str_value(v: Any, limit: int) -> str:
     else:
         s = str(v)
     return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> ``{"a.b.c": value}`` (values as they are; an empty mapping is a value)."""
-    out: dict[str, Any] = {}
-
-    def walk(d: Mapping[str, Any], pre: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, Mapping) and v:
-                walk(v, f"{pre}{k}.")
-            else:
-                out[f"{pre}{k}"] = v
-
-    walk(params, prefix)
-    return out
 
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
