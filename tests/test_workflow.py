@@ -26,7 +26,9 @@ def _toy(tmp_path: Path) -> Path:
         labs = rng.sample(sorted(words), rng.choice([1, 2, 3]))
         text = " ".join(rng.choice(words[l]) for l in labs for _ in range(4)) + " common filler"
         rows.append((text, labs))
-    return write_raw_dataset(tmp_path / "data" / "toy", rows[:240], rows[240:])
+    # label texts in the toy's words (GUDN's guide reads them)
+    return write_raw_dataset(tmp_path / "data" / "toy", rows[:240], rows[240:], label_ids=sorted(words),
+                             label_texts=[f"{lab}w0 {lab}w1" for lab in sorted(words)])
 
 
 def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
@@ -302,7 +304,7 @@ NEURAL_TINY = {
 
 NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
                   "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
-                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json"]
+                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json", "results/toy/gudn.json"]
 
 
 #: the settings of the neural toy runs (tests/conftest.py's neural_toy_run, and the SLURM test's)
@@ -334,6 +336,8 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     lx = json.loads((tmp_path / "results/toy/lightxml.json").read_text())
     assert {"lightxml_train", "lightxml_predict"} <= {s["rule"] for s in lx["stages"]}
     assert next((tmp_path / "results/toy/lightxml").glob("tree-b2-l2-s0/minilm-16/dynamic/curve.png")).stat().st_size > 0
+    gu = json.loads((tmp_path / "results/toy/gudn.json").read_text())
+    assert {"gudn_train", "gudn_predict"} <= {s["rule"] for s in gu["stages"]}
     ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     assert any(s["rule"] == "elias_ensemble" for s in ens["stages"])

@@ -30,6 +30,10 @@ from .params import GUDNParams
 
 
 def _parse_params(st, args: argparse.Namespace) -> GUDNParams:
+    # the scheduler's threads (--threads, a top-level parameter of every stage) drive the backbone's network
+    if "threads" in st.params:
+        threads = st.params.pop("threads")
+        st.params["backbone"] = dict(st.params.get("backbone") or {}, threads=threads)
     return stage_params(st, GUDNParams, "gudn_train", "gudn.backbone", on=lambda p: p.backbone)
 
 
