@@ -76,7 +76,8 @@ def artifacts(tmp_path):
     for name, wall, rss, extra, metrics in [
         ("ingest", 2.0, 100.0, {}, {}),
         ("tfidf", 3.0, 150.0, {}, {"online_ms_per_doc": 0.5}),     # the test split's transform
-        ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu"}, {"loss": 0.1}),
+        ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu"},
+         {"loss": 0.1, "resumed_wall_s": 4.0}),                     # resumed: 4 s in an earlier process
         ("predict", 1.5, 300.0, {}, {"predict_latency_ms_per_doc": 2.5}),
     ]:
         rec = {"stage": name, "rule": name, "method": "" if name in ("ingest", "tfidf") else "xr-linear", "wall_s": wall, "peak_rss_mb": rss, "timings_s": {},
@@ -146,8 +147,10 @@ def test_evaluate_end_to_end(artifacts):
     assert [s["host"] for s in res["stages"]] == [None, "laptop", "gpu1", "laptop"]
     assert res["machines"] == [{"host": "laptop", "cpu": "Core i5", "cores": 2, "gpu": None},
                                {"host": "gpu1", "cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H100"}]
-    assert res["total_train_time_s"] == pytest.approx(13.0)
-    assert res["total_wall_s"] == pytest.approx(16.5)
+    # a resumed stage counts the earlier processes' time too
+    assert [s["resumed_wall_s"] for s in res["stages"]] == [0.0, 0.0, 4.0, 0.0]
+    assert res["total_train_time_s"] == pytest.approx(17.0)
+    assert res["total_wall_s"] == pytest.approx(20.5)
     assert res["peak_rss_mb"] == pytest.approx(400.0)
     assert res["model_size_bytes"] == 1234
     # end to end: the tfidf transform of new text + the predict stage

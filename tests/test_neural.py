@@ -170,12 +170,34 @@ def test_sigterm_checkpoints_current_step_then_resume_matches(tmp_path):
     assert [s for s, _ in ck] == [4]
     state = torch.load(ck[0][1] / "trainer.pt", weights_only=True)
     assert state["step"] == 4 and state["scheduler"]["last_epoch"] == 4
+    assert state["wall"] >= state["time"] > 0            # the process's wall time up to the checkpoint
     assert signal.getsignal(signal.SIGTERM) is not None  # handler restored
 
     tr = _fit(tmp_path / "run")
     assert tr.resumed_from == 4 and tr.steps_this_run == 6 and tr.step == 10
+    assert tr.wall_before == state["wall"] and tr.wall_s > state["wall"]
     for k, v in ref.model.state_dict().items():
         torch.testing.assert_close(tr.model.state_dict()[k], v, rtol=0, atol=1e-6)
+
+
+def test_trainer_counts_wall_time_from_its_stages_start(tmp_path):
+    """Inside a stage the trainer's wall time runs from the stage's start (work before the first
+    step, such as a linear start, counts towards a resumed stage's time); outside, from itself."""
+    import argparse
+    import time
+
+    from xmc_steps import stage
+
+    assert stage.started_at() is None
+    net = nn.Linear(2, 1)
+    p = trainer.TrainParams(steps=1, batch_size=4, lr=1e-2, warmup_steps=0)
+    with stage.stage_run("unit", argparse.Namespace(log=None, record=None, params="{}", no_tracking=True)) as st:
+        assert stage.started_at() == st.t0
+        time.sleep(0.05)
+        tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu")
+        assert tr.wall_s >= 0.05
+    assert stage.started_at() is None
+    assert trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu").wall_s < 0.05
 
 
 def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):

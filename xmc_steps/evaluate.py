@@ -22,7 +22,8 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
   mismatch with ``labels.parquet``'s ``train_freq`` is logged as a warning);
 * per-stage wall time and peak memory, copied from the stage records;
   ``total_train_time_s`` sums the records of phase ``train`` (see
-  :func:`record_phase`);
+  :func:`record_phase`), a resumed training stage with the wall time of its earlier
+  processes up to the checkpoint it resumed from (``metrics.resumed_wall_s``);
 * ``model_size_bytes``: total size of the files (recursively for folders) listed in
   the records' ``extra.model_paths`` (0 when no record lists any);
 * ``predict_latency_ms_per_doc``: end to end from raw text, batched wall time per test
@@ -139,6 +140,8 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             "rule": str(r.get("rule", "") or r.get("stage", "")),
             "phase": record_phase(r),
             "wall_s": float(r["wall_s"]),
+            # a training stage that resumed from a checkpoint: the processes before this record's
+            "resumed_wall_s": float((r.get("metrics") or {}).get("resumed_wall_s", 0.0)),
             "peak_rss_mb": float(r["peak_rss_mb"]),
             "mlflow_run_id": r.get("mlflow_run_id"),
             "device": extra.get("device"),
@@ -168,8 +171,8 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
                 log.warning("model path %s listed in a stage record does not exist; not counted", mp)
     return {
         "stages": stages,
-        "total_train_time_s": round(sum(s["wall_s"] for s in stages if s["phase"] == "train"), 3),
-        "total_wall_s": round(sum(s["wall_s"] for s in stages), 3),
+        "total_train_time_s": round(sum(s["wall_s"] + s["resumed_wall_s"] for s in stages if s["phase"] == "train"), 3),
+        "total_wall_s": round(sum(s["wall_s"] + s["resumed_wall_s"] for s in stages), 3),
         "peak_rss_mb": max((s["peak_rss_mb"] for s in stages), default=0.0),
         "model_size_bytes": int(size),
         "model_paths": model_paths,

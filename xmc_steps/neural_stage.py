@@ -65,6 +65,8 @@ def record_training(st, trainer) -> None:
     st.metric("resumed_from_step", trainer.resumed_from or 0)
     st.metric("train_seq_per_s", trainer.throughput)
     st.metric("train_time_s", trainer.train_time)
+    # a resumed run: the earlier processes' stage time (evaluate adds it to this record's wall_s)
+    st.metric("resumed_wall_s", trainer.wall_before)
 
 
 def save_trained(st, out: Path, model: nn.Module, json_name: str, meta: Mapping[str, Any], fmt: str) -> None:

@@ -205,6 +205,15 @@ def machine_info() -> dict[str, Any]:
     return {"host": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
 
 
+_RUNNING: list[StageContext] = []   # the stage this process is running (a stage is one process)
+
+
+def started_at() -> float | None:
+    """``time.perf_counter()`` when the running stage began (``None`` outside :func:`stage_run`): a
+    trainer that resumes adds the wall time of the processes before it to this one's."""
+    return _RUNNING[-1].t0 if _RUNNING else None
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = None) -> Iterator[StageContext]:
     """Run a stage: logging, timing, peak memory, record, tracking, cleanup on failure.
@@ -220,6 +229,7 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
     record_path = getattr(args, "record", None)
     declared = list(outputs or [])
     log.info("stage %s starting (pid %d)", stage, os.getpid())
+    _RUNNING.append(ctx)
     try:
         yield ctx
     except BaseException as e:
@@ -229,6 +239,8 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
         elif not isinstance(e, (KeyboardInterrupt, SystemExit)):
             log.exception("stage %s failed", stage)
         raise
+    finally:
+        _RUNNING.remove(ctx)
     wall = time.perf_counter() - ctx.t0
     record = {
         "stage": stage,

@@ -77,6 +77,7 @@ from torch import nn
 from .neural import (amp_dtype, autocast_context, check_amp, load_model, needs_grad_scaler, resolve_device, save_model,
                      to_device)
 from .params import Params
+from .stage import started_at as _stage_started_at
 
 CKPT_FORMAT = "xmc-trainer-ckpt-v1"
 
@@ -395,6 +396,10 @@ class Trainer:
         self.epoch = 0           # current epoch
         self.pos = 0             # next position in the epoch's permutation
         self.train_time = 0.0    # seconds in optimisation steps (over resumes)
+        # wall time of the stage processes before this one, up to the checkpoint resumed from; this
+        # process's counts from its stage's start (xmc_steps.stage.started_at) or from here
+        self.wall_before = 0.0
+        self._clock0 = _stage_started_at() or time.perf_counter()
         self.sequences = 0       # sequences processed in this process
         self.run_time = 0.0      # seconds in optimisation steps in this process
         self.steps_this_run = 0  # optimisation steps done in this process
@@ -403,6 +408,12 @@ class Trainer:
         self._stop = False
         self._last_ckpt_step = -1
         self._resume()
+
+    @property
+    def wall_s(self) -> float:
+        """The stage's wall time so far over every process that trained this run (the earlier
+        ones' up to the checkpoint this one resumed from)."""
+        return self.wall_before + time.perf_counter() - self._clock0
 
     # -- data order
     def _order(self, epoch: int, n: int) -> np.ndarray:
@@ -462,6 +473,8 @@ class Trainer:
                 self.scaler.load_state_dict(state["scaler"])
             self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["pos"])
             self.train_time = float(state.get("time", 0.0))
+            # checkpoints written before "wall" was kept: the optimisation time is the lower bound known
+            self.wall_before = float(state.get("wall", self.train_time))
             _set_rng_state(state["rng"])
             self.resumed_from = self._last_ckpt_step = self.step
             self.log.info("resumed from checkpoint %s: step %d/%d, epoch %d, position %d",
@@ -489,6 +502,7 @@ class Trainer:
                 "params": self.params.to_dict(),
                 "fingerprint": self.fingerprint,
                 "time": self.train_time,
+                "wall": self.wall_s,
             }
             torch.save(state, tmp / "trainer.pt")
             for f in tmp.iterdir():  # data on disk before the rename makes it visible
