@@ -32,6 +32,17 @@ def test_device_and_autocast_on_cpu():
     with neural.autocast_context("cpu", "auto"):
         x = torch.ones(2, 2) @ torch.ones(2, 2)
     assert x.dtype == torch.float32
+    # bf16 on CPU only when asked for by name; the weights stay fp32, the steps run
+    assert neural.amp_dtype(torch.device("cpu"), "bf16") is torch.bfloat16
+    with neural.autocast_context("cpu", "bf16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    net = nn.Linear(4, 1)
+    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 0.1)}), trainer.TrainParams(steps=3, warmup_steps=0,
+                         batch_size=2), None, device="cpu", amp="bf16")
+    X = torch.randn(6, 4)
+    tr.fit(lambda m, b: (m(b).float().pow(2).mean(), {}), 6, lambda i: X[i])
+    assert tr.step == 3 and net.weight.dtype == torch.float32
+    assert isinstance(neural.cpu_has_bf16(), bool)
     with pytest.raises(ValueError):
         trainer.Trainer(nn.Linear(2, 1), trainer.param_groups({"n": (nn.Linear(2, 1), 0.1)}),
                         trainer.TrainParams(steps=1, warmup_steps=0), None, amp="fp8")
