@@ -74,8 +74,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .neural import (amp_dtype, autocast_context, check_amp, load_model, needs_grad_scaler, resolve_device, save_model,
-                     to_device)
+from .neural import (amp_dtype, autocast_context, check_amp, cpu_has_bf16, load_model, needs_grad_scaler,
+                     resolve_device, save_model, to_device)
 from .params import Params
 from .stage import started_at as _stage_started_at
 
@@ -564,6 +564,9 @@ class Trainer:
         self.log.info("training: %d steps from step %d, batch %d x %d accumulation, %d examples, "
                       "device %s, autocast %s", p.steps, self.step, p.batch_size, p.grad_accum, n_examples,
                       self.device, amp_dtype(self.device, self.amp) or "off (fp32)")
+        if self.device.type == "cpu" and amp_dtype(self.device, self.amp) is not None and not cpu_has_bf16():
+            self.log.warning("amp %s on a CPU without native bf16 instructions (avx512_bf16/amx_bf16): emulated, "
+                             "slower than fp32 (amp: auto runs fp32 on the CPU)", self.amp)
         self.model.train()
         acc: dict[str, float] = {}
         acc_n = 0
