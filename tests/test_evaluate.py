@@ -76,7 +76,7 @@ def artifacts(tmp_path):
     for name, wall, rss, extra, metrics in [
         ("ingest", 2.0, 100.0, {}, {}),
         ("tfidf", 3.0, 150.0, {}, {"online_ms_per_doc": 0.5}),     # the test split's transform
-        ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu"},
+        ("ranker", 10.0, 400.0, {"model_paths": [str(model)], "device": "cpu", "precision": "bfloat16"},
          {"loss": 0.1, "resumed_wall_s": 4.0}),                     # resumed: 4 s in an earlier process
         ("predict", 1.5, 300.0, {}, {"predict_latency_ms_per_doc": 2.5}),
     ]:
@@ -149,6 +149,7 @@ def test_evaluate_end_to_end(artifacts):
                                {"host": "gpu1", "cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H100"}]
     # a resumed stage counts the earlier processes' time too
     assert [s["resumed_wall_s"] for s in res["stages"]] == [0.0, 0.0, 4.0, 0.0]
+    assert [s["precision"] for s in res["stages"]] == [None, None, "bfloat16", None]
     assert res["total_train_time_s"] == pytest.approx(17.0)
     assert res["total_wall_s"] == pytest.approx(20.5)
     assert res["peak_rss_mb"] == pytest.approx(400.0)

@@ -178,6 +178,7 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
     assert meta["flat"] == (flat_max_labels >= 8) and meta["K"] == (8 if flat_max_labels >= 8 else 4)
     assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and not (out / "checkpoints").exists()
     assert rec["metrics"]["train_steps"] == 120
+    assert rec["extra"]["device"] == "cpu" and rec["extra"]["precision"] == "fp32"   # what the steps ran on
     # each topic's two labels are written in its token: well above the prior (every text: labels 0, 4).
     # The clustered mode (random discriminator, 120 steps) depends on the seed: valid P@1 0.56, 1.0, 0.75,
     # 1.0 for train.seed 0-3 (an open point of the LightXML recipe), so it is held to twice the prior.
@@ -192,6 +193,7 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
     argv = ["predict", "--model", str(out), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
             "--params", json.dumps({"topk": 3, "device": "cpu"}), "--no-tracking", "--record", str(tmp_path / "p.json")]
     assert cli_main(lightxml.main, argv) == 0
+    assert io.read_json(tmp_path / "p.json")["extra"]["device"] == "cpu"
     P = io.read_predictions(pred, 8)
     assert P.shape == (32, 8) and (np.diff(P.indptr) <= 3).all()
     Y = io.load_csr(d / "Y_test.npz")

@@ -145,6 +145,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             "peak_rss_mb": float(r["peak_rss_mb"]),
             "mlflow_run_id": r.get("mlflow_run_id"),
             "device": extra.get("device"),
+            "precision": extra.get("precision"),        # a neural training stage's: fp32, bfloat16, float16
             "host": (r.get("machine") or {}).get("host"),
             "record": r.get("_path", ""),
         })

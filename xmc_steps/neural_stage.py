@@ -52,6 +52,7 @@ def training_device(st, params: Any) -> Iterator[torch.device]:
     if getattr(params, "threads", None):
         torch.set_num_threads(int(params.threads))
     device = neural.resolve_device(params.device)
+    st.extra["device"] = device_label(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     yield device
@@ -59,8 +60,17 @@ def training_device(st, params: Any) -> Iterator[torch.device]:
         st.metric("peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20)
 
 
+def device_label(device: torch.device) -> str:
+    """A stage record's ``extra.device``: ``cpu``, or ``cuda:<the card's name>`` (what evaluate reports)."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
 def record_training(st, trainer) -> None:
-    """The training figures of a finished :class:`xmc_steps.trainer.Trainer` run, as stage metrics."""
+    """The training figures of a finished :class:`xmc_steps.trainer.Trainer` run, as stage metrics, and
+    the precision its steps ran in (``extra.precision``: ``fp32``, ``bfloat16`` or ``float16``)."""
+    st.extra["precision"] = str(neural.amp_dtype(trainer.device, trainer.amp) or "fp32").replace("torch.", "")
     st.metric("train_steps", trainer.step)
     st.metric("resumed_from_step", trainer.resumed_from or 0)
     st.metric("train_seq_per_s", trainer.throughput)
@@ -145,7 +155,9 @@ def prediction_inputs(st, params: Any, model_dir: str | os.PathLike, json_name: 
         raise StageError(str(e)) from e
     if tokens.max_length != meta["max_length"]:
         raise StageError(f"tokens have width {tokens.max_length} but the model was trained with {meta['max_length']}")
-    return meta, tokens, neural.resolve_device(params.device)
+    device = neural.resolve_device(params.device)
+    st.extra["device"] = device_label(device)
+    return meta, tokens, device
 
 
 def remove_checkpoints(ckpt_dir: str | os.PathLike) -> None:
