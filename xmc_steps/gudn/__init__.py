@@ -30,6 +30,13 @@ training text's gold label texts.
 * A dataset without label texts (ingest found no ``label_texts.txt``) stops the stage with an
   error naming that file.
 
+Measured on debtags (572 labels named like "Role: Program", default config: LightXML's start,
+rates and ``head_refit``, MiniLM's 6 layers; one CPU thread beside another run, 97 minutes of stage
+time): valid P@1 0.863 at the linear start, 0.911 trained, 0.923 with the re-fit generator; test
+P@1 92.21, P@3 64.64, P@5 48.71, nDCG@5 88.93, PSP@5 68.98, R@100 97.71, against LightXML's 92.26,
+64.28, 48.15, 88.35, 66.64, 97.94 with the same settings: the label texts buy P@3/P@5 and the
+tail (PSP@5 +2.3), not P@1.
+
 Files: :mod:`.params` (:class:`GUDNParams`), :mod:`.loss` (Eqs. 2-4), :mod:`.cli` (the stage:
 ``python -m xmc_steps.gudn train``).
 """
