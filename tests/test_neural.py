@@ -27,12 +27,19 @@ def tiny(tmp_path_factory):
 
 def test_device_and_autocast_on_cpu():
     assert neural.resolve_device("cpu").type == "cpu"
-    assert neural.amp_dtype(torch.device("cpu"), "auto") is None
+    # auto: bf16 only where the CPU has it natively; off and fp16: fp32 on every CPU
+    native = neural.cpu_has_bf16()
+    assert neural.amp_dtype(torch.device("cpu"), "auto") is (torch.bfloat16 if native else None)
     assert neural.amp_dtype(torch.device("cpu"), "fp16") is None
-    with neural.autocast_context("cpu", "auto"):
+    for amp in ("off", "fp32", False):
+        assert neural.amp_dtype(torch.device("cpu"), amp) is None
+    with neural.autocast_context("cpu", "off"):
         x = torch.ones(2, 2) @ torch.ones(2, 2)
     assert x.dtype == torch.float32
-    # bf16 on CPU only when asked for by name; the weights stay fp32, the steps run
+    with neural.autocast_context("cpu", "auto"):
+        x = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert x.dtype == (torch.bfloat16 if native else torch.float32)
+    # bf16 by name on any CPU; the weights stay fp32, the steps run
     assert neural.amp_dtype(torch.device("cpu"), "bf16") is torch.bfloat16
     with neural.autocast_context("cpu", "bf16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
@@ -127,11 +134,15 @@ def test_text_encoder_poolings_and_embed(tiny):
     e = neural.TextEncoder(tiny, pooling="mean").eval()
     ids, lengths, _ = toy_tokens(13, 12, 3)
     td = neural.TokenData(ids, lengths)
-    emb = neural.embed(e, td, batch_size=4, device="cpu", progress=None)
+    emb = neural.embed(e, td, batch_size=4, device="cpu", amp="off", progress=None)
     assert emb.shape == (13, 32) and emb.dtype == np.float32
     with torch.no_grad():  # rows come back in the original order, padding does not matter
         one = e(*td.batch([7])).numpy()[0]
     np.testing.assert_allclose(emb[7], one, atol=1e-5)
+    # the default precision (bf16 on a CPU with native bf16) stays close to fp32 and comes back as float32
+    auto = neural.embed(e, td, batch_size=4, device="cpu", progress=None)
+    assert auto.dtype == np.float32
+    np.testing.assert_allclose(auto, emb, atol=0.05)
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -566,7 +566,7 @@ class Trainer:
                       self.device, amp_dtype(self.device, self.amp) or "off (fp32)")
         if self.device.type == "cpu" and amp_dtype(self.device, self.amp) is not None and not cpu_has_bf16():
             self.log.warning("amp %s on a CPU without native bf16 instructions (avx512_bf16/amx_bf16): emulated, "
-                             "slower than fp32 (amp: auto runs fp32 on the CPU)", self.amp)
+                             "slower than fp32 (amp: auto runs fp32 on such a CPU)", self.amp)
         self.model.train()
         acc: dict[str, float] = {}
         acc_n = 0

@@ -137,8 +137,11 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                                            trainer.device, st.log)
                 st.metric("valid_p_at_1_trained_generator", head["trained"])
                 st.metric("valid_p_at_1_refit_generator", head["refit"])
-            with st.timed("valid"):
-                m = valid_metrics(model, tokens["valid"], Y_valid, params, trainer.device, progress=st.log.info)
+            if head is not None:    # the kept generator's valid metrics, computed by the re-fit
+                m = head.pop("metrics")
+            else:
+                with st.timed("valid"):
+                    m = valid_metrics(model, tokens["valid"], Y_valid, params, trainer.device, progress=st.log.info)
             prior = frequency_prior(Y_train, Y_valid, params.topk)
             for k, v in m.items():
                 st.metric(f"valid_{k}", v)
