@@ -561,10 +561,11 @@ class Trainer:
         if self.step >= p.steps:
             self.log.info("training already complete (%d/%d steps)", self.step, p.steps)
             return self
+        autocast = amp_dtype(self.device, self.amp)
         self.log.info("training: %d steps from step %d, batch %d x %d accumulation, %d examples, "
                       "device %s, autocast %s", p.steps, self.step, p.batch_size, p.grad_accum, n_examples,
-                      self.device, amp_dtype(self.device, self.amp) or "off (fp32)")
-        if self.device.type == "cpu" and amp_dtype(self.device, self.amp) is not None and not cpu_has_bf16():
+                      self.device, autocast or "off (fp32)")
+        if self.device.type == "cpu" and autocast is not None and not cpu_has_bf16():
             self.log.warning("amp %s on a CPU without native bf16 instructions (avx512_bf16/amx_bf16): emulated, "
                              "slower than fp32 (amp: auto runs fp32 on such a CPU)", self.amp)
         self.model.train()
