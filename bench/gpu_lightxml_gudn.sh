@@ -3,9 +3,9 @@
 # reuters21578/modapte-all5 the single model, lightxml-ensemble, gudn and its two Table 3 ablations, and
 # lightxml-static next to lightxml in the clustered mode (bench/clustered.yaml: both sets are flat by
 # default, where no negatives are drawn); on yso-finna-sv-50k lightxml and gudn; xr-linear beside them
-# from the same run; then the
-# training sequences/second and prediction milliseconds/document of each.  Default config (CUDA: bf16
-# autocast), several trainings at once on the one GPU (a batch-16 MiniLM leaves most of it idle).
+# from the same run; then the training sequences/second and prediction milliseconds/document of each.
+# Default config (CUDA: bf16 autocast), several trainings at once on the one GPU (a batch-16 MiniLM
+# leaves most of it idle).
 #
 # Prepare here: ../shared/tools/gpu-pack --data debtags,yso-finna-sv-50k,reuters21578/modapte-all5
 # Then, on the machine (with .gpu carried):
