@@ -26,6 +26,24 @@ def test_feature_guide_is_eq2():
     assert gudn.feature_guide(e_t, e_t, "paper").item() == 0
 
 
+def test_relative_feature_guide_is_eq2_over_the_spread_and_gains_nothing_from_collapse():
+    e_t = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    e_l = torch.tensor([[0.0, 0.0], [2.0, 2.0]])
+    # centre (1, 0.5); squared distances 0 + 4; spread 1.25 + 1.25 + 1.25 + 3.25
+    assert gudn.feature_guide(e_t, e_l, "relative").item() == pytest.approx(4 / 7)
+    assert gudn.feature_guide(e_t, e_t, "relative").item() == 0
+    torch.manual_seed(0)
+    t, lab = torch.randn(16, 8), torch.randn(16, 8)
+    assert 0.5 < gudn.feature_guide(t, lab, "relative").item() < 1.5       # unrelated: about 1
+    # drawing every feature towards one point (the collapse GUDN's "mean" guide rewards) changes nothing
+    c = torch.randn(8)
+    for reduction, gains in (("mean", True), ("paper", True), ("relative", False)):
+        alpha = torch.tensor(1.0, requires_grad=True)
+        loss = gudn.feature_guide(c + alpha * (t - c), c + alpha * (lab - c), reduction)
+        (grad,) = torch.autograd.grad(loss, alpha)
+        assert (grad.item() > 1e-3) if gains else abs(grad.item()) < 1e-5, (reduction, grad.item())
+
+
 def test_guide_loss_sums_the_switched_on_guides():
     torch.manual_seed(0)
     m = lightxml.LightXMLModel(None, 5, None, dim=3, dropout=0.0).eval()
@@ -35,10 +53,10 @@ def test_guide_loss_sums_the_switched_on_guides():
     y[0, 4] = y[1, 0] = y[1, 2] = 1
     link = F.binary_cross_entropy_with_logits(m.generator(e_l), y)      # Eq. 3: labels from the label features
     both, logs = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams())
-    assert both.item() == pytest.approx(gudn.feature_guide(e_t, e_l, "mean").item() + link.item(), rel=1e-6)
+    assert both.item() == pytest.approx(gudn.feature_guide(e_t, e_l, gudn.GUDNParams().feature_loss).item() + link.item(), rel=1e-6)
     assert set(logs) == {"loss_feature", "loss_link"}
     only_f, logs = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams(link_guide=False))
-    assert set(logs) == {"loss_feature"} and only_f.item() == pytest.approx(gudn.feature_guide(e_t, e_l, "mean").item())
+    assert set(logs) == {"loss_feature"} and only_f.item() == pytest.approx(gudn.feature_guide(e_t, e_l, gudn.GUDNParams().feature_loss).item())
     only_l, _ = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams(feature_guide=False))
     assert only_l.item() == pytest.approx(link.item(), rel=1e-6)
 

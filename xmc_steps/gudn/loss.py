@@ -11,11 +11,21 @@ from .params import GUDNParams
 
 
 def feature_guide(e_text: torch.Tensor, e_label: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Eq. 2, ``1/(2n) sum_i ||E_t,i - E_l,i||^2`` (``reduction="paper"``), or the mean of the squared
-    differences over every coordinate (``"mean"``, the authors' ``MSELoss``)."""
-    d = e_text.float() - e_label.float()
+    """Eq. 2, ``1/(2n) sum_i ||E_t,i - E_l,i||^2`` (``reduction="paper"``); the mean of the squared
+    differences over every coordinate (``"mean"``, the authors' ``MSELoss``); or (``"relative"``, an
+    addition) Eq. 2's sum of squared distances over the batch's spread about its centre ``c`` (the
+    mean of all ``2n`` features), ``sum_i ||E_t,i - E_l,i||^2 / sum_i (||E_t,i - c||^2 + ||E_l,i - c||^2)``:
+    0 when every text sits on its label sequence, about 1 when texts and label sequences are
+    unrelated, at most 2, and unchanged when every feature is shifted or scaled alike, so the guide
+    cannot be met by drawing all features together (why: the package docstring)."""
+    t, lab = e_text.float(), e_label.float()
+    d = t - lab
     if reduction == "paper":
         return 0.5 * d.pow(2).sum(1).mean()
+    if reduction == "relative":
+        c = 0.5 * (t.mean(0) + lab.mean(0))
+        spread = (t - c).pow(2).sum() + (lab - c).pow(2).sum()
+        return d.pow(2).sum() / spread.clamp_min(torch.finfo(spread.dtype).tiny)
     return d.pow(2).mean()
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..lightxml.params import LightXMLParams
 from ..params import Params
 
-FEATURE_LOSSES = ("paper", "mean")
+FEATURE_LOSSES = ("paper", "mean", "relative")
 
 
 @dataclass
@@ -17,8 +17,9 @@ class GUDNParams(Params):
     feature_guide: bool = True        # Eq. 2: text features towards their label sequence's features
     link_guide: bool = True           # Eq. 3: the labels predicted from the label features
     feature_loss: str = "mean"        # mean: the mean over every coordinate (the authors' MSELoss) |
-                                      # paper: Eq. 2 as written (squared distance / 2, mean over texts);
-                                      # see the package docstring for why mean is the default
+                                      # paper: Eq. 2 as written (squared distance / 2, mean over texts) |
+                                      # relative: Eq. 2's squared distances over the batch's spread (ours);
+                                      # see the package docstring for what each does
     label_max_length: int = 32        # tokens of a text's label sequence
     label_separator: str = "; "       # between the label texts of one sequence
 
