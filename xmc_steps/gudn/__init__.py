@@ -24,9 +24,9 @@ training text's gold label texts.
     (BERT-base, 10 layers) makes the paper's scale 1,920 times the authors';
   - at the authors' scale (``mean``) on yso-finna-sv-50k (18,056 labels, flat, default config): the
     total variance of the text features over 1,000 validation texts fell from 16.9 (pre-trained)
-    to 0.002 after 2,186 steps, their mean pairwise cosine from 0.966 to 1.000, and a least-squares
-    generator on them (12,000 training texts) reached valid P@1 0.001 against 0.075 on the
-    pre-trained features; the trained model's valid P@1 was 0.0000 at steps 562, 1,124 and 1,686,
+    to 0.002 after 2,186 steps, their mean pairwise cosine from 0.966 to 1.000; a least-squares
+    generator on the step-1,500 features (12,000 training texts) reached valid P@1 0.001, against
+    0.075 on the pre-trained features; the trained model's valid P@1 was 0.0000 at steps 562, 1,124 and 1,686,
     and the run was stopped (a re-fit cannot bring such features above the linear start's 0.132,
     so the guard would have failed the stage).  The classification loss, BCE averaged over 18,056 labels, pushes the
     encoder too weakly to hold the features apart; on debtags (572 labels) it holds them, though
