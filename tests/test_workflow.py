@@ -246,6 +246,8 @@ def test_wiki500k_lightxml_paper_plan_has_gpu_training_rules(tmp_path):
     assert params["train"]["epochs"] == 10 and params["train"]["batch_size"] == 32
     assert params["train"]["schedule"] == "constant" and params["allow_cpu_fallback"] is False
     assert params["negatives"] == "dynamic" and params["train"]["seed"] == 0 and "ensemble" not in params
+    # the paper's random generator and label embeddings, not config.yaml's least-squares starts
+    assert params["head_init"] == "random" and params["discriminator_init"] == "random"
     sizes = paper["datasets"]["wiki500k"]["resources"]
     assert f"mem_mb={sizes['lightxml_train']['mem_mb']}" in train
 
@@ -294,9 +296,9 @@ NEURAL_TINY = {
     "lightxml": {
         "max_length": 16, "flat_max_labels": 4, "cluster": {"leaf_size": 2}, "topb": 3, "hidden": 32,
         "dropout": 0.1, "eval_every": 0, "swa_start": 1.0,
-        # the paper's start and one fast rate: the least-squares start (config.yaml) ends this clustered toy at
-        # test P@1 48-53 after its 135 steps (tests/test_lightxml.py covers that start)
-        "head_init": "random", "lr_generator": None,
+        # the paper's start and one fast rate: the generator's least-squares start (config.yaml) ends this clustered
+        # toy at test P@1 48-53 after its 135 steps (tests/test_lightxml.py covers both least-squares starts)
+        "head_init": "random", "discriminator_init": "random", "lr_generator": None,
         "train": {"epochs": 5, "batch_size": 8, "lr": 3.0e-4, "checkpoint_every": 50},
     },
 }

@@ -21,7 +21,7 @@ from .negatives import binarize
 
 
 def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001, scale: float = 1.0,
-                       bias: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+                       bias: bool = False, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """``(W, b)``: the ridge fit of ``scale * (2T - 1)`` (``T`` = ``targets`` binarised, ``N x K``) on
     ``emb`` (``N x d``): ``W`` is ``K x d`` float32; ``b`` (``K``) is ``None`` unless ``bias``.
 
@@ -29,7 +29,9 @@ def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001,
     centred first (the bias is not penalised): ``W`` from the centred system, ``b = scale (2 mean(T)
     - 1) - W mean(E)``.  ``lam = l2 * trace(E^T E) / d`` (of the centred ``E`` with bias): ``l2`` is
     relative to the mean eigenvalue, so it means the same for any embedding scale.  One ``d x d``
-    system for all outputs: ``O(N d^2 + nnz(T) d + K d^2)``; nothing is ``N x K``.
+    system for all outputs: ``O(N d^2 + nnz(T) d + K d^2)``; nothing is ``N x K``.  ``chunk``: solve
+    for that many outputs at a time (one factorisation), so that beside ``W`` (float32) only a ``d x
+    chunk`` block is held in float64 (LightXML's label embeddings: ``K`` = every label).
     """
     E = np.asarray(emb, dtype=np.float64)
     T = binarize(targets).astype(np.float64)
@@ -41,10 +43,18 @@ def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001,
         E = E - mu
     G = E.T @ E
     G[np.diag_indices(d)] += float(l2) * max(np.trace(G) / d, 1e-12)
-    R = 2.0 * np.asarray(T.T @ E).T - E.sum(axis=0)[:, None]          # d x K (the sum is 0 when centred)
-    W = float(scale) * scipy.linalg.solve(G, R, assume_a="pos").T
+    factor = scipy.linalg.cho_factor(G)
+    K = T.shape[1]
+    step = K if chunk is None else max(1, int(chunk))
+    W = np.empty((K, d), dtype=np.float32)
+    Tc = sp.csc_matrix(T) if step < K else T
+    for a in range(0, K, step):
+        b_ = min(K, a + step)
+        Tk = Tc if step >= K else Tc[:, a:b_]
+        R = 2.0 * np.asarray(Tk.T @ E).T - E.sum(axis=0)[:, None]   # d x chunk (the sum is 0 when centred)
+        W[a:b_] = (float(scale) * scipy.linalg.cho_solve(factor, R)).T
     if not bias:
-        return np.ascontiguousarray(W, dtype=np.float32), None
+        return W, None
     t_mean = np.asarray(T.mean(axis=0)).ravel()
-    b = float(scale) * (2.0 * t_mean - 1.0) - W @ mu
-    return np.ascontiguousarray(W, dtype=np.float32), b.astype(np.float32)
+    b = float(scale) * (2.0 * t_mean - 1.0) - W.astype(np.float64) @ mu
+    return W, b.astype(np.float32)

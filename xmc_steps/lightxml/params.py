@@ -35,6 +35,9 @@ class LightXMLParams(Params):
     head_init: str = "random"         # random (the paper) | linear: the generator starts as a least-squares fit
     head_init_l2: float = 0.001       # ... ridge of that fit, relative to the mean eigenvalue of E^T E
     head_init_scale: float = 4.0      # ... of the targets +-scale (the start's logits)
+    discriminator_init: str = "random"  # random (the paper) | linear: clustered, the label embeddings start as the
+                                      # least-squares fit of every label on the random bottleneck's features
+                                      # (head_init_l2, head_init_scale as above; see the package docstring)
     lr_generator: float | None = None  # the generator's rate; None: train.lr (the discriminator always trains at train.lr)
     head_refit: bool = False          # after training: re-fit the generator by least squares on the fine-tuned
                                       # encoder, kept when its valid P@1 is higher (not in the paper)
@@ -74,6 +77,8 @@ class LightXMLParams(Params):
             raise ValueError(f"static_switch must be a fraction in (0, 1), got {self.static_switch}")
         if self.head_init not in HEAD_INITS:
             raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        if self.discriminator_init not in HEAD_INITS:
+            raise ValueError(f"discriminator_init must be one of {', '.join(HEAD_INITS)}, got {self.discriminator_init!r}")
         if not self.head_init_l2 > 0 or not self.head_init_scale > 0:
             raise ValueError(f"head_init_l2 and head_init_scale must be > 0, got {self.head_init_l2}, "
                              f"{self.head_init_scale}")
