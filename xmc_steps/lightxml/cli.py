@@ -137,6 +137,8 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                                            trainer.device, st.log)
                 st.metric("valid_p_at_1_trained_generator", head["trained"])
                 st.metric("valid_p_at_1_refit_generator", head["refit"])
+                if "refit_discriminator" in head:
+                    st.metric("valid_p_at_1_refit_discriminator", head["refit_discriminator"])
             if head is not None:    # the kept generator's valid metrics, computed by the re-fit
                 m = head.pop("metrics")
             else:

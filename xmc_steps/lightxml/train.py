@@ -133,8 +133,11 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
                     device: torch.device | str, log: logging.Logger) -> dict[str, Any]:
     """``head_refit``: the generator re-fit as the linear start is fit (:func:`linear_start`), on the
     *fine-tuned* encoder's representations of the training texts, and kept when the model's valid P@1
-    is higher with it than with the trained generator.  Returns ``{"trained": P@1, "refit": P@1,
-    "kept": "trained" | "refit", "metrics": the kept model's valid metrics}`` (the stage's final
+    is higher with it than with the trained generator; a clustered model then also tries its label
+    embeddings re-fit on the trained bottleneck's features (:func:`_fit_discriminator`, the same pass
+    over the texts), kept when that is higher still.  Returns ``{"trained": P@1, "refit": P@1 (the
+    generator re-fit), "refit_discriminator": P@1 (both re-fit; clustered only), "kept": "trained" |
+    "refit" | "refit_discriminator", "metrics": the kept model's valid metrics}`` (the stage's final
     validation, not computed again).
 
     Why: on yso-finna-sv-50k (18,056 labels, flat) fine-tuning from the linear start loses it (valid
@@ -142,22 +145,34 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
     generator on its representations of 12,000 training texts reaches P@1 0.082, against 0.073 for
     the same fit on the pre-trained encoder.  The joint BCE moves the encoder faster than the
     generator (at ``lr_generator``) can follow over thousands of rare labels; the closed form catches
-    the generator up, as the X-Transformer matcher's ``head_refit`` does for its head."""
+    the generator up, as the X-Transformer matcher's ``head_refit`` does for its head.
+    A clustered model's discriminator drifts the same way (yso-finna-sv-50k clustered: xmc_steps/lightxml,
+    "The clustered start")."""
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
-    m_trained = valid_metrics(model, valid[0], valid[1], params, device)
-    keep = {k: v.detach().clone() for k, v in model.generator.state_dict().items()}
-    _fit_generator(model, tokens, Y, params, device, log)
-    m_refit = valid_metrics(model, valid[0], valid[1], params, device)
-    trained, refit = m_trained["p_at_1"], m_refit["p_at_1"]
-    kept = "refit" if refit > trained else "trained"
-    if kept == "trained":
-        model.generator.load_state_dict(keep)
+    m = {"trained": valid_metrics(model, valid[0], valid[1], params, device)}
+    trained = {k: v.detach().clone() for k, v in model.state_dict().items() if k.startswith(("generator.", "label_emb."))}
+    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
+    _fit_generator(model, tokens, Y, params, device, log, emb=emb)
+    m["refit"] = valid_metrics(model, valid[0], valid[1], params, device)
+    if not model.flat:      # the generator stays re-fit; the label embeddings too
+        _fit_discriminator(model, emb, Y, params)
+        m["refit_discriminator"] = valid_metrics(model, valid[0], valid[1], params, device)
+    best = max(m, key=lambda k: (m[k]["p_at_1"], k == "trained"))   # a tie keeps what training gave
+    restore = {"trained": ("generator.", "label_emb."), "refit": ("label_emb.",), "refit_discriminator": ()}[best]
+    sd = model.state_dict()
+    for k, v in trained.items():
+        if restore and k.startswith(restore):
+            sd[k].copy_(v)
     model.train(was_training)
-    log.info("generator: valid P@1 %.4f as trained, %.4f re-fit by least squares on the fine-tuned encoder "
-             "(%.1f s): keeping the %s one", trained, refit, time.perf_counter() - t0, kept)
-    return {"trained": trained, "refit": refit, "kept": kept, "metrics": m_refit if kept == "refit" else m_trained}
+    log.info("generator%s: valid P@1 %.4f as trained, %.4f with the generator re-fit by least squares on the "
+             "fine-tuned encoder%s (%.1f s): keeping the %s one", "" if model.flat else " and discriminator",
+             m["trained"]["p_at_1"], m["refit"]["p_at_1"],
+             "" if model.flat else f", {m['refit_discriminator']['p_at_1']:.4f} with the label embeddings re-fit too",
+             time.perf_counter() - t0, best.replace("_", " "))
+    out = {k: v["p_at_1"] for k, v in m.items()}
+    return {**out, "kept": best, "metrics": m[best]}
 
 
 def valid_metrics(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
