@@ -39,8 +39,8 @@ class LightXMLParams(Params):
                                       # least-squares fit of every label on the random bottleneck's features
                                       # (head_init_l2, head_init_scale as above; see the package docstring)
     lr_generator: float | None = None  # the generator's rate; None: train.lr (the discriminator always trains at train.lr)
-    head_refit: bool = False          # after training: re-fit the generator by least squares on the fine-tuned
-                                      # encoder, kept when its valid P@1 is higher (not in the paper)
+    head_refit: bool = False          # after training: re-fit the generator (clustered: then the label embeddings) by
+                                      # least squares on the fine-tuned encoder, kept when valid P@1 is higher (not in the paper)
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
     swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
