@@ -42,6 +42,21 @@ training text's gold label texts.
   P@1 0.863 at the start, 0.896 trained, 0.907 re-fit; test P@1 90.69, P@3 62.71, P@5 46.30, PSP@5
   61.99, R@100 98.06, against ``mean``'s 92.09, 64.73, 48.64, 68.90, 97.65.  So ``mean`` stays the
   default, and GUDN's default run on yso-finna-sv-50k remains open.
+
+  Two further tries on yso-finna-sv-50k, full default runs (2 epochs) on one NVIDIA H200 beside each
+  other (bench/gpu_lightxml_gudn.sh, the overlay bench/clustered.yaml), neither enough:
+
+  - ``relative``, flat: valid P@1 0.132 at the start, 0.0025 after 562 steps, at most 0.001 from
+    step 1,124 to the end; the re-fit generator 0.075, below the start, so the guard failed the
+    stage (LightXML, flat, same run: 0.129 start, 0.107 trained, 0.146 re-fit; test P@1 13.68).
+  - LightXML's clusters (§3.4, the paper's way for large label sets; 512 clusters of <= 36 labels,
+    ``mean``), from a random discriminator: test P@1 2.36, P@5 1.52, R@100 16.65, level with LightXML
+    on the same clusters (2.12): the random label embeddings did not learn in 2 epochs there
+    (xmc_steps/lightxml, "The clustered start").  With the least-squares start of the label
+    embeddings (``discriminator_init: linear``, one CPU thread beside two other runs): valid P@1 0.080
+    at the start, 0.0035 after 562 steps and 0.0045 after 1,124, where LightXML on the same clusters
+    and start had 0.024 and 0.037 (and went on to 0.070 at step 2,810); the run was stopped there.
+    So the clusters do not keep the guide from pulling the encoder away either.
 * Link guide (Eq. 3): the backbone's classification loss with the label features in place of the
   text's: BCE over all labels for a flat model; LightXML's ``L_g + L_d`` for a clustered one,
   the candidates drawn from the label features' generator.
