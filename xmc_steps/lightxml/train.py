@@ -156,7 +156,7 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
     emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
     _fit_generator(model, tokens, Y, params, device, log, emb=emb)
     m["refit"] = valid_metrics(model, valid[0], valid[1], params, device)
-    if not model.flat:      # the generator stays re-fit; the label embeddings too
+    if not model.flat:      # on top of the re-fit generator, the label embeddings re-fit too
         _fit_discriminator(model, emb, Y, params)
         m["refit_discriminator"] = valid_metrics(model, valid[0], valid[1], params, device)
     best = max(m, key=lambda k: (m[k]["p_at_1"], k == "trained"))   # a tie keeps what training gave
