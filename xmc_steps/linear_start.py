@@ -46,15 +46,16 @@ def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001,
     factor = scipy.linalg.cho_factor(G)
     K = T.shape[1]
     step = K if chunk is None else max(1, int(chunk))
-    W = np.empty((K, d), dtype=np.float32)
-    Tc = sp.csc_matrix(T) if step < K else T
-    for a in range(0, K, step):
-        b_ = min(K, a + step)
-        Tk = Tc if step >= K else Tc[:, a:b_]
-        R = 2.0 * np.asarray(Tk.T @ E).T - E.sum(axis=0)[:, None]   # d x chunk (the sum is 0 when centred)
-        W[a:b_] = (float(scale) * scipy.linalg.cho_solve(factor, R)).T
-    if not bias:
-        return W, None
+    Tc = T if step >= K else sp.csc_matrix(T)                      # column slices of CSC are cheap
+    colsum = E.sum(axis=0)[:, None]                                  # 0 when centred
     t_mean = np.asarray(T.mean(axis=0)).ravel()
-    b = float(scale) * (2.0 * t_mean - 1.0) - W.astype(np.float64) @ mu
-    return W, b.astype(np.float32)
+    W = np.empty((K, d), dtype=np.float32)
+    b = np.empty(K, dtype=np.float32) if bias else None
+    for a in range(0, K, step):
+        z = min(K, a + step)
+        Tk = Tc if step >= K else Tc[:, a:z]
+        Wk = float(scale) * scipy.linalg.cho_solve(factor, 2.0 * np.asarray(Tk.T @ E).T - colsum).T   # chunk x d
+        W[a:z] = Wk
+        if bias:   # from the float64 block: no float64 copy of the whole W
+            b[a:z] = float(scale) * (2.0 * t_mean[a:z] - 1.0) - Wk @ mu
+    return W, b

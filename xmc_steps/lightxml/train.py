@@ -54,13 +54,9 @@ def cluster_targets(model: LightXMLModel, Y: sp.spmatrix) -> sp.csr_matrix:
     return sp.csr_matrix(Y @ assignment_matrix(model.cluster_of.cpu().numpy(), model.n_clusters))
 
 
-def _fit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
-                   device: torch.device | str, log: logging.Logger, emb: np.ndarray | None = None) -> None:
+def _fit_generator(model: LightXMLModel, emb: np.ndarray, Y: sp.spmatrix, params: LightXMLParams) -> None:
     """The generator's ``W_g, b_g`` := the ridge fit of its targets (``+-head_init_scale``) on the
-    encoder's representations of ``tokens`` as it is now (:func:`xmc_steps.linear_start.least_squares_head`),
-    or on ``emb`` (those representations, already computed)."""
-    if emb is None:
-        emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
+    encoder's representations ``emb`` of the training texts (:func:`xmc_steps.linear_start.least_squares_head`)."""
     W, b = least_squares_head(emb, cluster_targets(model, Y), params.head_init_l2, params.head_init_scale, bias=True)
     with torch.no_grad():
         model.generator.weight.copy_(torch.from_numpy(W).to(model.generator.weight.device))
@@ -119,7 +115,7 @@ def linear_start(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix,
     emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
     done = []
     if params.head_init == "linear":
-        _fit_generator(model, tokens, Y, params, device, log, emb=emb)
+        _fit_generator(model, emb, Y, params)
         done.append("generator")
     if params.discriminator_init == "linear" and not model.flat:
         _fit_discriminator(model, emb, Y, params)
@@ -154,7 +150,7 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
     m = {"trained": valid_metrics(model, valid[0], valid[1], params, device)}
     trained = {k: v.detach().clone() for k, v in model.state_dict().items() if k.startswith(("generator.", "label_emb."))}
     emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
-    _fit_generator(model, tokens, Y, params, device, log, emb=emb)
+    _fit_generator(model, emb, Y, params)
     m["refit"] = valid_metrics(model, valid[0], valid[1], params, device)
     if not model.flat:      # on top of the re-fit generator, the label embeddings re-fit too
         _fit_discriminator(model, emb, Y, params)
