@@ -62,6 +62,35 @@ def test_guide_loss_sums_the_switched_on_guides():
     assert only_l.item() == pytest.approx(link.item(), rel=1e-6)
 
 
+def test_balanced_feature_weight_bounds_the_guides_pull_by_the_classification_losss():
+    torch.manual_seed(0)
+    m = lightxml.LightXMLModel(None, 5, None, dim=3, dropout=0.0).eval()
+    rows, labs = torch.tensor([0, 1, 1]), torch.tensor([4, 0, 2])
+    y = torch.zeros(2, 5)
+    y[0, 4] = y[1, 0] = y[1, 2] = 1
+    balanced = gudn.GUDNParams(feature_weight="balanced", link_guide=False)
+    for far, capped in ((10.0, False), (1e-4, True)):
+        e_t = torch.randn(2, 3, requires_grad=True)
+        e_l = (e_t.detach() + far * torch.randn(2, 3)).requires_grad_()
+        class_loss = F.binary_cross_entropy_with_logits(m.generator(e_t), y)
+        g_c = torch.autograd.grad(class_loss, e_t, retain_graph=True)[0].norm()
+        g_f = (2 * (e_t - e_l) / e_t.numel()).norm()            # d mean((E_t - E_l)^2) / dE_t
+        want = min(1.0, (g_c / g_f).item())
+        assert (want == 1.0) == capped
+        loss, logs = gudn.guide_loss(m, e_t, e_l, rows, labs, balanced, class_loss=class_loss)
+        assert logs["feature_weight"] == pytest.approx(want, rel=1e-5)
+        assert loss.item() == pytest.approx(want * logs["loss_feature"], rel=1e-5)
+        # the weight is a constant of the step: the gradient is the weighted guide's, nothing through the weight
+        (g,) = torch.autograd.grad(loss, e_t)
+        assert g.norm().item() == pytest.approx(want * g_f.item(), rel=1e-4)
+    fixed, _ = gudn.guide_loss(m, e_t, e_l, rows, labs, gudn.GUDNParams(link_guide=False))
+    assert fixed.item() == pytest.approx(logs["loss_feature"])          # Eq. 6 as written: weight 1
+    with pytest.raises(ValueError, match="classification loss"):
+        gudn.guide_loss(m, e_t, e_l, rows, labs, balanced)
+    with pytest.raises(ValueError, match="feature_weight"):
+        gudn.GUDNParams(feature_weight="auto")
+
+
 def test_label_sequences_join_each_rows_label_texts():
     Y = sp.csr_matrix(np.array([[0, 1, 1], [1, 0, 0], [0, 0, 0]], dtype=np.float32))
     assert gudn.label_sequences(Y, ["a", "b c", "d"], "; ") == ["b c; d", "a", ""]
@@ -81,7 +110,7 @@ def test_cli_trains_with_both_guides_and_predicts_with_lightxml(tiny, tmp_path):
     out = tmp_path / "m"
     params = {"backbone": {"encoder": tiny, "dropout": 0.1, "device": "cpu", "threads": 1, "eval_every": 0,
                            "swa_start": 1.0, "train": {"steps": 100, "batch_size": 16, "lr": 2e-3}},
-              "label_max_length": 12}
+              "label_max_length": 12, "feature_weight": "balanced"}
     argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
             str(d / "Y_valid.npz"), "--label-table", str(d / "labels.parquet"), "--ingest-record", str(d / "ingest.json"),
             "--tree", str(d / "tree.npz"), "--out", str(out), "--params", json.dumps(params), "--no-tracking",
@@ -91,6 +120,7 @@ def test_cli_trains_with_both_guides_and_predicts_with_lightxml(tiny, tmp_path):
     meta = io.read_json(out / "lightxml.json")
     assert meta["last_k"] == 2                     # the paper's 10 layers, capped at the tiny encoder's 2
     assert meta["gudn"]["feature_guide"] and meta["gudn"]["link_guide"] and meta["gudn"]["feature_loss"] == "mean"
+    assert meta["gudn"]["feature_weight"] == "balanced"
     assert rec["params"]["backbone"]["last_k"] == 2 and rec["params"]["label_max_length"] == 12
     assert rec["metrics"]["valid_p_at_1"] >= 0.9, rec["metrics"]
     pred = tmp_path / "pred.parquet"

@@ -62,16 +62,17 @@ def _setup(args: argparse.Namespace, params: GUDNParams, st, backbone, Y_train) 
     ids, lengths = encoders.tokenize(seqs, tok, params.label_max_length)
     label_tokens = neural.TokenData(ids, lengths)
     st.metric("label_sequence_tokens_mean", float(np.mean(lengths)) if len(lengths) else 0.0)
-    st.log.info("gudn: feature guide %s (%s), link guide %s; %d label sequences of <= %d tokens (mean %.1f), e.g. %r",
-                "on" if params.feature_guide else "off", params.feature_loss, "on" if params.link_guide else "off",
+    st.log.info("gudn: feature guide %s (%s, weight %s), link guide %s; %d label sequences of <= %d tokens (mean %.1f), "
+                "e.g. %r", "on" if params.feature_guide else "off", params.feature_loss, params.feature_weight,
+                "on" if params.link_guide else "off",
                 len(seqs), params.label_max_length, float(np.mean(lengths)) if len(lengths) else 0.0,
                 seqs[0][:120] if seqs else "")
     described = {"gudn": {k: v for k, v in params.to_dict().items() if k != "backbone"}}
     return partial(_guide, params=params), label_tokens, described
 
 
-def _guide(model, e_text, e_label, rows, labels, params: GUDNParams):
-    return guide_loss(model, e_text, e_label, rows, labels, params)
+def _guide(model, e_text, e_label, rows, labels, class_loss, params: GUDNParams):
+    return guide_loss(model, e_text, e_label, rows, labels, params, class_loss=class_loss)
 
 
 def _train_main(args: argparse.Namespace) -> None:

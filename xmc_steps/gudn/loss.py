@@ -29,17 +29,46 @@ def feature_guide(e_text: torch.Tensor, e_label: torch.Tensor, reduction: str) -
     return d.pow(2).mean()
 
 
+def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text: torch.Tensor) -> torch.Tensor:
+    """``min(1, ||dL_class/dE_t|| / ||dL_feature/dE_t||)`` (``feature_weight: balanced``, ours): the largest
+    weight up to Eq. 6's 1 at which the feature guide pulls the text features no harder than the
+    classification loss does.  Both gradients are taken at the text features of this step (through the
+    head only, not the encoder); the weight itself is a constant of the step (no gradient flows
+    through it).  For Eq. 2's losses the pull on the label features has the same norm, so one weight
+    bounds both.  Why: the classification loss is a mean over the L outputs (Eq. 1), so its gradient
+    shrinks about as 1/L while the guide's does not; at 18,056 labels the guide alone decides where the
+    encoder goes (measurements: the package docstring)."""
+    if not (e_text.requires_grad and class_loss.requires_grad and feature_loss.requires_grad):
+        return torch.ones((), device=e_text.device)
+    g_class, = torch.autograd.grad(class_loss, e_text, retain_graph=True, allow_unused=True)
+    g_feature, = torch.autograd.grad(feature_loss, e_text, retain_graph=True, allow_unused=True)
+    if g_class is None or g_feature is None:
+        return torch.ones((), device=e_text.device)
+    n_f = g_feature.float().norm()
+    ratio = g_class.float().norm() / n_f.clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.where(n_f > 0, ratio.clamp(max=1.0), torch.ones_like(ratio)).detach()
+
+
 def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
-               labels: torch.Tensor, params: GUDNParams) -> tuple[torch.Tensor, Mapping[str, float]]:
+               labels: torch.Tensor, params: GUDNParams, class_loss: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, Mapping[str, float]]:
     """``L_guide`` of Eq. 4 with the guides ``params`` switches on: the feature guide on the
-    representations before dropout; the link guide is the backbone's own classification loss with
-    the label features in place of the text's (through dropout, as the text's)."""
+    representations before dropout, weighted by :func:`balanced_weight` against ``class_loss`` (the
+    text's classification loss of the step) when ``params.feature_weight`` is ``balanced``; the link
+    guide is the backbone's own classification loss with the label features in place of the text's
+    (through dropout, as the text's)."""
     total = torch.zeros((), device=e_text.device)
     logs: dict[str, float] = {}
     if params.feature_guide:
         lf = feature_guide(e_text, e_label, params.feature_loss)
-        total = total + lf
         logs["loss_feature"] = float(lf.detach())
+        if params.feature_weight == "balanced":
+            if class_loss is None:
+                raise ValueError("feature_weight: balanced needs the step's classification loss")
+            w = balanced_weight(lf, class_loss, e_text)
+            lf = w * lf
+            logs["feature_weight"] = float(w)
+        total = total + lf
     if params.link_guide:
         ll, _, _ = model.loss(model.dropout(e_label), rows, labels)
         total = total + ll

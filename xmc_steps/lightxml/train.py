@@ -193,9 +193,10 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[
     return {"p_at_1": float(p[0]), "p_at_5": float(p[4]), f"recall_at_{k}": float(metrics.recall(scores, Y, k)[-1])}
 
 
-#: ``guide(model, e_text, e_label, rows, labels) -> (loss, logs)``: an extra loss on the text's and its
-#: label sequence's representations before dropout (GUDN's guide network, :mod:`xmc_steps.gudn`)
-Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+#: ``guide(model, e_text, e_label, rows, labels, class_loss) -> (loss, logs)``: an extra loss on the text's
+#: and its label sequence's representations before dropout (GUDN's guide network, :mod:`xmc_steps.gudn`);
+#: ``class_loss`` is the text's own classification loss of the step (a guide may weigh itself against it)
+Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                  tuple[torch.Tensor, Mapping[str, float]]]
 
 
@@ -309,7 +310,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
             loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=b["top"])
         logs = {"loss_g": float(lg), "loss_d": float(ld)}
         if guide is not None:
-            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"])
+            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"], loss)
             loss = loss + extra
             logs.update(more)
         return loss, logs
