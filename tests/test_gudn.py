@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from test_lightxml import _write_toy
-from tiny_encoder import make_tiny_encoder
-from xmc_steps import gudn, io, lightxml
+from tiny_encoder import make_tiny_encoder, toy_tokens
+from xmc_steps import gudn, io, lightxml, neural
+from xmc_steps.lightxml.train import train_lightxml
 from xmc_steps.stage import cli_main
+from xmc_steps.trainer import TrainParams
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +91,57 @@ def test_balanced_feature_weight_bounds_the_guides_pull_by_the_classification_lo
         gudn.guide_loss(m, e_t, e_l, rows, labs, balanced)
     with pytest.raises(ValueError, match="feature_weight"):
         gudn.GUDNParams(feature_weight="auto")
+
+
+def _gate_toy(tiny, tmp_path):
+    torch.set_num_threads(1)
+    d = _write_toy(tmp_path, n_train=32, n_valid=8)
+    tokens, Y = neural.TokenData.load(d / "tokens_train.npz"), io.load_csr(d / "Y_train.npz")
+    ids, lengths, _ = toy_tokens(32, 10, 4, seed=1)
+    params = lightxml.LightXMLParams(encoder=tiny, last_k=2, eval_every=0, device="cpu", amp="off", swa_start=1.0,
+                                     head_init="linear", dropout=0.1,
+                                     train=TrainParams(steps=4, batch_size=8, lr=1e-3, log_every=1)).resolved(32)
+    return tokens, Y, neural.TokenData(ids, lengths), params
+
+
+def test_gate_ratio_draws_no_random_numbers_and_opens_when_the_guide_has_nothing_to_pull(tiny, tmp_path):
+    tokens, Y, label_tokens, params = _gate_toy(tiny, tmp_path)
+    torch.manual_seed(0)
+    model = lightxml.build_model(params, 8, None, None)
+    lightxml.train.linear_start(model, tokens, Y, params, "cpu", neural._default_log)
+    model.train()
+    rng = torch.random.get_rng_state()
+    r = gudn.gate_ratio(model, tokens, label_tokens, Y, "mean", "cpu", batches=2, batch_size=8)
+    assert torch.equal(rng, torch.random.get_rng_state()) and model.training
+    assert 0 < r < float("inf")
+    # label sequences that read like the texts themselves: the guide pulls nowhere, the gate is open
+    assert gudn.gate_ratio(model, tokens, tokens, Y, "mean", "cpu", batches=2, batch_size=8) == float("inf")
+
+
+@pytest.mark.parametrize("ratio", [0.5, 2.0])
+def test_gated_feature_guide_trains_as_eq6_when_open_and_as_no_feature_guide_when_shut(tiny, tmp_path, monkeypatch,
+                                                                                      ratio):
+    tokens, Y, label_tokens, params = _gate_toy(tiny, tmp_path)
+    monkeypatch.setattr(gudn.loss, "gate_ratio", lambda *a, **k: ratio)
+    seen = []
+
+    def run(gp, ck):
+        torch.manual_seed(0)
+        model = lightxml.build_model(params, 8, None, None)
+        logs = {}
+        train_lightxml(model, tokens, Y, params, ck, guide=gudn.GuideNetwork(gp, on_gate=lambda *a: seen.append(a)),
+                       label_tokens=label_tokens, on_step=lambda t, lg: logs.update({t: lg}))
+        return model.state_dict(), logs
+
+    gated, logs = run(gudn.GUDNParams(feature_weight="gated"), tmp_path / "gated")
+    same = ratio >= 1
+    ref, _ = run(gudn.GUDNParams(feature_weight="fixed", feature_guide=same), tmp_path / "ref")
+    assert gated.keys() == ref.keys() and all(torch.equal(gated[k], ref[k]) for k in gated)
+    assert ("loss_feature" in logs[1]) == same and seen == [(ratio, same)]
+    # a resumed run keeps its start's decision (from the checkpoint): no second measurement
+    monkeypatch.setattr(gudn.loss, "gate_ratio", lambda *a, **k: pytest.fail("the gate was measured again"))
+    again, _ = run(gudn.GUDNParams(feature_weight="gated"), tmp_path / "gated")
+    assert all(torch.equal(gated[k], again[k]) for k in gated) and seen[-1] == (ratio, same)
 
 
 def test_label_sequences_join_each_rows_label_texts():

@@ -97,7 +97,7 @@ Files: :mod:`.params` (:class:`GUDNParams`), :mod:`.loss` (Eqs. 2-4), :mod:`.cli
 """
 
 from .cli import label_sequences, main
-from .loss import feature_guide, guide_loss
+from .loss import GuideNetwork, feature_guide, gate_ratio, guide_loss
 from .params import GUDNParams
 
-__all__ = ["GUDNParams", "feature_guide", "guide_loss", "label_sequences", "main"]
+__all__ = ["GUDNParams", "GuideNetwork", "feature_guide", "gate_ratio", "guide_loss", "label_sequences", "main"]

@@ -15,7 +15,6 @@ it did not, the stage fails naming ``--label-texts-file`` (the file the dataset 
 from __future__ import annotations
 
 import argparse
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from .. import encoders, io, neural
 from ..neural_stage import stage_params
 from ..lightxml.cli import add_train_args, run_train
 from ..stage import StageError
-from .loss import guide_loss
+from .loss import GuideNetwork
 from .params import GUDNParams
 
 
@@ -68,11 +67,12 @@ def _setup(args: argparse.Namespace, params: GUDNParams, st, backbone, Y_train) 
                 len(seqs), params.label_max_length, float(np.mean(lengths)) if len(lengths) else 0.0,
                 seqs[0][:120] if seqs else "")
     described = {"gudn": {k: v for k, v in params.to_dict().items() if k != "backbone"}}
-    return partial(_guide, params=params), label_tokens, described
 
+    def on_gate(ratio: float, on: bool) -> None:
+        st.metric("feature_gate_ratio", ratio)
+        described["gudn"]["feature_gate"] = {"ratio": ratio, "feature_guide_on": on}
 
-def _guide(model, e_text, e_label, rows, labels, class_loss, params: GUDNParams):
-    return guide_loss(model, e_text, e_label, rows, labels, params, class_loss=class_loss)
+    return GuideNetwork(params, on_gate), label_tokens, described
 
 
 def _train_main(args: argparse.Namespace) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 
+from .. import neural
 from ..lightxml.model import LightXMLModel
 from .params import GUDNParams
 
@@ -74,3 +79,91 @@ def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor
         total = total + ll
         logs["loss_link"] = float(ll.detach())
     return total, logs
+
+
+def _pull(class_loss: torch.Tensor, feature_loss: torch.Tensor, e_text: torch.Tensor) -> float:
+    """``||dL_class/dE_t|| / ||dL_feature/dE_t||`` (inf when the guide does not pull at all)."""
+    g_c, = torch.autograd.grad(class_loss, e_text, retain_graph=True)
+    g_f, = torch.autograd.grad(feature_loss, e_text)
+    n_f = float(g_f.float().norm())
+    return float(g_c.float().norm()) / n_f if n_f > 0 else float("inf")
+
+
+def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neural.TokenData, Y: sp.spmatrix,
+               reduction: str, device: torch.device | str, batches: int = 8, batch_size: int = 16) -> float:
+    """How much harder the classification loss pulls the text features than the feature guide does
+    (:func:`_pull`), at the model as it is (the linear start): the median over ``batches`` batches of
+    ``batch_size`` texts spread evenly over the training set, in eval mode (no dropout, no random
+    numbers drawn: a run whose gate opens trains exactly as ``feature_weight: fixed``)."""
+    Y = sp.csr_matrix(Y)
+    n = len(tokens)
+    m = min(n, batches * batch_size)
+    order = np.linspace(0, n - 1, m).round().astype(np.int64) if m else np.zeros(0, np.int64)
+    was_training = model.training
+    model.eval()
+    ratios = []
+    try:
+        for start in range(0, m, batch_size):
+            idx = order[start:start + batch_size]
+            ids, mask = (t.to(device) for t in tokens.batch(idx))
+            lids, lmask = (t.to(device) for t in label_tokens.batch(idx))
+            sub = Y[idx]
+            rows = torch.from_numpy(np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))).to(device)
+            labels = torch.from_numpy(sub.indices.astype(np.int64)).to(device)
+            e_text = model.encoder(ids, mask)
+            with torch.no_grad():
+                e_label = model.encoder(lids, lmask)
+            class_loss, _, _ = model.loss(model.dropout(e_text), rows, labels)
+            ratios.append(_pull(class_loss, feature_guide(e_text, e_label, reduction), e_text))
+    finally:
+        model.train(was_training)
+    return float(np.median(ratios)) if ratios else float("inf")
+
+
+class GuideNetwork:
+    """GUDN's guide network as the LightXML trainer calls it (:data:`xmc_steps.lightxml.train.Guide`):
+    :func:`guide_loss` with ``params``.  With ``feature_weight: gated`` the trainer first calls
+    :meth:`start` on the linear start (a fresh run only) and keeps its answer in the checkpoint
+    (:meth:`bind`), so a resumed run keeps the decision its start made: the feature guide is on
+    (weight 1, Eq. 6) when :func:`gate_ratio` is at least 1, else off for the whole run."""
+
+    def __init__(self, params: GUDNParams, on_gate: Callable[[float, bool], Any] | None = None):
+        self.params = params
+        self.on_gate = on_gate
+        self._state: Callable[[], torch.Tensor] | None = None
+        self._off = dataclasses.replace(params, feature_guide=False)
+
+    @property
+    def needs_start(self) -> bool:
+        return self.params.feature_guide and self.params.feature_weight == "gated"
+
+    def start(self, model: LightXMLModel, tokens: neural.TokenData, label_tokens: neural.TokenData, Y: sp.spmatrix,
+              device: torch.device | str, log: logging.Logger) -> float:
+        r = gate_ratio(model, tokens, label_tokens, Y, self.params.feature_loss, device)
+        verdict = ("on (weight 1, Eq. 6)" if r >= 1 else "off for this run: it would outpull the classification "
+                   "loss and draw the text features together (xmc_steps.gudn); gudn.feature_weight: fixed keeps it")
+        (log.info if r >= 1 else log.warning)(
+            "gudn feature guide gate: at the linear start the classification loss pulls the text features %.3g times "
+            "as hard as the feature guide (median of 8 batches): the feature guide is %s", r, verdict)
+        return r
+
+    def bind(self, state: Callable[[], torch.Tensor]) -> None:
+        """``state()[0]``: the start's :func:`gate_ratio` (restored with the checkpoint on resume)."""
+        self._state = state
+        if self.on_gate is not None:
+            r = float(state()[0])
+            self.on_gate(r, r >= 1)
+
+    def feature_on(self) -> bool:
+        if not self.params.feature_guide:
+            return False
+        if self.needs_start:
+            if self._state is None:
+                raise RuntimeError("feature_weight: gated needs the start's gate (GuideNetwork.start / bind)")
+            return float(self._state()[0]) >= 1
+        return True
+
+    def __call__(self, model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
+                 labels: torch.Tensor, class_loss: torch.Tensor) -> tuple[torch.Tensor, Mapping[str, float]]:
+        p = self.params if self.feature_on() or not self.params.feature_guide else self._off
+        return guide_loss(model, e_text, e_label, rows, labels, p, class_loss=class_loss)

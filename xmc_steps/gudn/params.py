@@ -9,7 +9,7 @@ from ..lightxml.params import LightXMLParams
 from ..params import Params
 
 FEATURE_LOSSES = ("paper", "mean", "relative")
-FEATURE_WEIGHTS = ("fixed", "balanced")
+FEATURE_WEIGHTS = ("fixed", "balanced", "gated")
 
 
 @dataclass

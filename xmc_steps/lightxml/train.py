@@ -26,13 +26,15 @@ class _TrainBox(nn.Module):
     """What a checkpoint holds: the model, its weight average and, for static negatives, the
     clusters drawn once for every training text (``static_top``, ``-1`` until drawn)."""
 
-    def __init__(self, model: LightXMLModel, swa: WeightAverage | None, n_static: int = 0):
+    def __init__(self, model: LightXMLModel, swa: WeightAverage | None, n_static: int = 0, guide_state: bool = False):
         super().__init__()
         self.lightxml = model
         self.swa = swa
         self.register_buffer("static_top", torch.full((n_static, model.topb if n_static else 0), -1, dtype=torch.long))
         # valid P@1 and P@5 of the linear start before the first step (-1: none measured), kept for the guard
         self.register_buffer("start_valid", torch.full((2,), -1.0, dtype=torch.float64))
+        if guide_state:   # what a guide with a ``start`` measured at the linear start (xmc_steps.gudn's gate)
+            self.register_buffer("guide_state", torch.full((1,), float("nan"), dtype=torch.float64))
 
 
 @torch.no_grad()
@@ -238,7 +240,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     if static_at is not None and model.flat:
         raise ValueError("static negatives need label clusters: with one label per cluster every label is scored "
                          "(set flat_max_labels below the number of labels for a clustered model)")
-    box = _TrainBox(model, swa, n if static_at is not None else 0)
+    guide_start = guide is not None and bool(getattr(guide, "needs_start", False))
+    box = _TrainBox(model, swa, n if static_at is not None else 0, guide_state=guide_start)
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
           "negatives": params.negatives, "static_step": static_at, "lr_generator": params.lr_generator,
           "start": [params.head_init] + ([params.head_init_l2, params.head_init_scale] if params.head_init == "linear" else [])
@@ -263,6 +266,10 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                 on_step(0, {"valid_p_at_1": m0["p_at_1"], "valid_p_at_5": m0["p_at_5"]})
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
+    if guide_start:   # measured once, at the start; a resumed run keeps its checkpoint's
+        if not np.isfinite(float(box.guide_state[0])):
+            box.guide_state.fill_(guide.start(model, tokens, label_tokens, Y, trainer.device, log))
+        guide.bind(lambda: box.guide_state)
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
 
