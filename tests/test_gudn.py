@@ -118,7 +118,7 @@ def test_gate_ratio_draws_no_random_numbers_and_opens_when_the_guide_has_nothing
     assert gudn.gate_ratio(model, tokens, tokens, Y, "mean", "cpu", batches=2, batch_size=8) == float("inf")
 
 
-@pytest.mark.parametrize("ratio", [0.5, 2.0])
+@pytest.mark.parametrize("ratio", [0.5, 2.0, float("inf")])
 def test_gated_feature_guide_trains_as_eq6_when_open_and_as_no_feature_guide_when_shut(tiny, tmp_path, monkeypatch,
                                                                                       ratio):
     tokens, Y, label_tokens, params = _gate_toy(tiny, tmp_path)

@@ -130,7 +130,7 @@ class GuideNetwork:
     def __init__(self, params: GUDNParams, on_gate: Callable[[float, bool], Any] | None = None):
         self.params = params
         self.on_gate = on_gate
-        self._state: Callable[[], torch.Tensor] | None = None
+        self._on: bool | None = None
         self._off = dataclasses.replace(params, feature_guide=False)
 
     @property
@@ -147,20 +147,19 @@ class GuideNetwork:
             "as hard as the feature guide (median of 8 batches): the feature guide is %s", r, verdict)
         return r
 
-    def bind(self, state: Callable[[], torch.Tensor]) -> None:
-        """``state()[0]``: the start's :func:`gate_ratio` (restored with the checkpoint on resume)."""
-        self._state = state
+    def bind(self, ratio: float) -> None:
+        """The start's :func:`gate_ratio` (restored with the checkpoint on resume) decides the run."""
+        self._on = ratio >= 1
         if self.on_gate is not None:
-            r = float(state()[0])
-            self.on_gate(r, r >= 1)
+            self.on_gate(ratio, self._on)
 
     def feature_on(self) -> bool:
         if not self.params.feature_guide:
             return False
         if self.needs_start:
-            if self._state is None:
+            if self._on is None:
                 raise RuntimeError("feature_weight: gated needs the start's gate (GuideNetwork.start / bind)")
-            return float(self._state()[0]) >= 1
+            return self._on
         return True
 
     def __call__(self, model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,

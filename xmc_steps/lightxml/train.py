@@ -267,9 +267,9 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
     if guide_start:   # measured once, at the start; a resumed run keeps its checkpoint's
-        if not np.isfinite(float(box.guide_state[0])):
+        if np.isnan(float(box.guide_state[0])):
             box.guide_state.fill_(guide.start(model, tokens, label_tokens, Y, trainer.device, log))
-        guide.bind(lambda: box.guide_state)
+        guide.bind(float(box.guide_state[0]))
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
 
