@@ -81,27 +81,27 @@ def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor
     return total, logs
 
 
-def _pull(class_loss: torch.Tensor, feature_loss: torch.Tensor, e_text: torch.Tensor) -> float:
-    """``||dL_class/dE_t|| / ||dL_feature/dE_t||`` (inf when the guide does not pull at all)."""
-    g_c, = torch.autograd.grad(class_loss, e_text, retain_graph=True)
-    g_f, = torch.autograd.grad(feature_loss, e_text)
-    n_f = float(g_f.float().norm())
-    return float(g_c.float().norm()) / n_f if n_f > 0 else float("inf")
+def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor], retain_graph: bool) -> float:
+    grads = torch.autograd.grad(loss, params, retain_graph=retain_graph, allow_unused=True)
+    return float(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None) + torch.zeros(())))
 
 
 def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neural.TokenData, Y: sp.spmatrix,
-               reduction: str, device: torch.device | str, batches: int = 8, batch_size: int = 16) -> float:
-    """How much harder the classification loss pulls the text features than the feature guide does
-    (:func:`_pull`), at the model as it is (the linear start): the median over ``batches`` batches of
-    ``batch_size`` texts spread evenly over the training set, in eval mode (no dropout, no random
-    numbers drawn: a run whose gate opens trains exactly as ``feature_weight: fixed``)."""
+               reduction: str, device: torch.device | str, batches: int = 16, batch_size: int = 16) -> float:
+    """How much harder the classification loss pulls the encoder than the feature guide does, at the
+    model as it is (the linear start): ``mean_b ||dL_class,b/dtheta|| / mean_b ||dL_feature,b/dtheta||``
+    over the encoder's parameters ``theta``, for ``batches`` batches of ``batch_size`` texts spread
+    evenly over the training set; the feature guide's gradient reaches the encoder through the text
+    and the label sequence alike.  Eval mode: no dropout and no random numbers drawn, so a run whose
+    gate opens trains exactly as ``feature_weight: fixed``.  ``inf`` when the guide pulls nowhere."""
     Y = sp.csr_matrix(Y)
     n = len(tokens)
     m = min(n, batches * batch_size)
     order = np.linspace(0, n - 1, m).round().astype(np.int64) if m else np.zeros(0, np.int64)
+    theta = [p for p in model.encoder.parameters() if p.requires_grad]
     was_training = model.training
     model.eval()
-    ratios = []
+    pull_class, pull_feature = [], []
     try:
         for start in range(0, m, batch_size):
             idx = order[start:start + batch_size]
@@ -111,13 +111,14 @@ def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neu
             rows = torch.from_numpy(np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))).to(device)
             labels = torch.from_numpy(sub.indices.astype(np.int64)).to(device)
             e_text = model.encoder(ids, mask)
-            with torch.no_grad():
-                e_label = model.encoder(lids, lmask)
+            e_label = model.encoder(lids, lmask)
             class_loss, _, _ = model.loss(model.dropout(e_text), rows, labels)
-            ratios.append(_pull(class_loss, feature_guide(e_text, e_label, reduction), e_text))
+            pull_class.append(_grad_norm(class_loss, theta, retain_graph=True))
+            pull_feature.append(_grad_norm(feature_guide(e_text, e_label, reduction), theta, retain_graph=False))
     finally:
         model.train(was_training)
-    return float(np.median(ratios)) if ratios else float("inf")
+    f = float(np.mean(pull_feature)) if pull_feature else 0.0
+    return float(np.mean(pull_class)) / f if f > 0 else float("inf")
 
 
 class GuideNetwork:
@@ -141,10 +142,10 @@ class GuideNetwork:
               device: torch.device | str, log: logging.Logger) -> float:
         r = gate_ratio(model, tokens, label_tokens, Y, self.params.feature_loss, device)
         verdict = ("on (weight 1, Eq. 6)" if r >= 1 else "off for this run: it would outpull the classification "
-                   "loss and draw the text features together (xmc_steps.gudn); gudn.feature_weight: fixed keeps it")
+                   "loss and draw the features together (xmc_steps.gudn); gudn.feature_weight: fixed keeps it")
         (log.info if r >= 1 else log.warning)(
-            "gudn feature guide gate: at the linear start the classification loss pulls the text features %.3g times "
-            "as hard as the feature guide (median of 8 batches): the feature guide is %s", r, verdict)
+            "gudn feature guide gate: at the linear start the classification loss pulls the encoder %.3g times as hard "
+            "as the feature guide (gradient norms over its parameters, 16 batches): the feature guide is %s", r, verdict)
         return r
 
     def bind(self, ratio: float) -> None:
