@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from .. import neural
 from ..lightxml.model import LightXMLModel
+from ..lightxml.train import positive_pairs
 from .params import GUDNParams
 
 
@@ -83,7 +85,7 @@ def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor
 
 def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor], retain_graph: bool) -> float:
     grads = torch.autograd.grad(loss, params, retain_graph=retain_graph, allow_unused=True)
-    return float(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None) + torch.zeros(())))
+    return math.sqrt(sum(float(g.float().pow(2).sum()) for g in grads if g is not None))
 
 
 def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neural.TokenData, Y: sp.spmatrix,
@@ -107,9 +109,7 @@ def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neu
             idx = order[start:start + batch_size]
             ids, mask = (t.to(device) for t in tokens.batch(idx))
             lids, lmask = (t.to(device) for t in label_tokens.batch(idx))
-            sub = Y[idx]
-            rows = torch.from_numpy(np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))).to(device)
-            labels = torch.from_numpy(sub.indices.astype(np.int64)).to(device)
+            rows, labels = (t.to(device) for t in positive_pairs(Y, idx))
             e_text = model.encoder(ids, mask)
             e_label = model.encoder(lids, lmask)
             class_loss, _, _ = model.loss(model.dropout(e_text), rows, labels)

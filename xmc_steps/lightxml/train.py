@@ -183,6 +183,13 @@ def valid_metrics(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix
     return {"p_at_1": float(p[0]), "p_at_5": float(p[4]), f"recall_at_{params.topk}": float(rec[-1])}
 
 
+def positive_pairs(Y: sp.csr_matrix, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's positives as (row in the batch, label) pairs: what :meth:`LightXMLModel.loss` takes."""
+    sub = Y[idx]
+    rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
+    return torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
+
+
 def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[str, float]:
     """The same metrics for the trivial predictor that ranks every text's labels by training
     frequency: what a model that learned nothing from the text reaches."""
@@ -295,10 +302,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
 
     def batch_fn(idx: np.ndarray):
         ids, mask = tokens.batch(idx)
-        sub = Y[idx]
-        rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
-        batch = {"ids": ids, "mask": mask, "rows": torch.from_numpy(rows),
-                 "labels": torch.from_numpy(sub.indices.astype(np.int64))}
+        rows, labels = positive_pairs(Y, idx)
+        batch = {"ids": ids, "mask": mask, "rows": rows, "labels": labels}
         if static_at is not None and trainer.step >= static_at:
             batch["top"] = box.static_top[torch.from_numpy(idx).to(box.static_top.device)].clone()
         if label_tokens is not None:
