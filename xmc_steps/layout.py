@@ -119,7 +119,7 @@ class XTMember:
     ranker_input: str
     negatives: str
     candidates: str = "union"
-    combiner: str = "ranker"
+    combiner: str = "product"
 
     def _at(self, res: str, dataset: str, pattern: str, **more: Any) -> str:
         return at(res, pattern, dataset=dataset, emb=self.emb, tree=self.tree, enc=self.enc, rin=self.ranker_input,

@@ -131,8 +131,9 @@ def xt_ranker_params(w, predict=False):
              topk=s["evaluate"]["topk"])
     if predict:
         p.update(combiner=w.comb)
-    if predict:
         p = {k: p[k] for k in ("topb", "topk", "candidates", "combiner", "transform")}
+    else:  # Eq. 2's combiner and transform are prediction's alone: changing them keeps the trained rankers
+        p = {k: v for k, v in p.items() if k not in ("combiner", "transform")}
     return json.dumps(p, sort_keys=True)
 
 
