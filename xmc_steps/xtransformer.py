@@ -61,8 +61,10 @@ yso-finna-sv-50k (256)     19.88 / 31.45  18.92 / 31.01  19.52 / 28.16
 ahead on the one set where the gap is larger than a handful of documents (yso: +0.96 P@1,
 +0.46 P@3, +0.28 P@5, +0.44 R@100) and has the best R@100 on all three; ``ranker``
 leads on debtags by 3 of 2,423 documents.  ``ranker`` was the default until then, chosen
-on an earlier debtags table (matcher-only candidates, random head start: 92.86 against
-91.79).  Union candidates lead the paper's matcher-only ones on yso (19.88 against 16.58
+on the debtags table of the first X-Transformer stop (older matcher and candidates: 92.86
+against 91.79).  On test the switch moved P@1 / R@100 from 92.69 / 97.03 to 92.79 / 97.51
+(debtags), 97.12 / 99.02 to 97.25 / 98.49 (reuters-all5) and 18.05 / 27.97 to 18.17 / 28.33
+(yso-finna-sv-50k), the same rankers.  Union candidates lead the paper's matcher-only ones on yso (19.88 against 16.58
 P@1, 31.45 against 23.01 R@100) and equal them where K <= b (debtags, reuters).
 
 CLI::
