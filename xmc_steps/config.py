@@ -32,13 +32,13 @@ _TREE = _BASE + ["tfidf", "cluster"]
 _ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train", "elias.stage1",
                   "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
 _XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.fit_on"]
-#: what the rankers' training reads of ``xtransformer.ranker``: not Eq. 2's ``combiner`` and
-#: ``transform``, which only prediction uses (a new combiner reruns prediction, not the rankers)
-_XT_RANKER_TRAIN = [f"xtransformer.ranker.{k}" for k in ("ranker_input", "neural_weight", "negatives", "candidates",
-                                                          "solver")]
+#: the keys of ``xtransformer.ranker`` that only prediction reads (Eq. 2's combiner and its
+#: transform): the rankers' training leaves them out, so a new combiner reruns prediction alone
+XT_PREDICT_ONLY = ("combiner", "transform")
 _LIGHTXML = _TREE + ["encoders.{enc}", "lightxml"]
 _GUDN = _TREE + ["encoders.{enc}", "gudn"]
-RULE_SETTINGS: dict[str, list[str]] = {
+#: a rule's settings by dotted key; ``(key, names)`` is that section without the keys ``names``
+RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "ingest": _BASE,
     "tfidf": _BASE + ["tfidf"],
     "tokenize": _BASE + ["encoders.{enc}"],
@@ -55,7 +55,7 @@ RULE_SETTINGS: dict[str, list[str]] = {
     "xtransformer_linear_clusters": _TREE + ["xr_linear", "xtransformer.matcher.topb", "xtransformer.matcher.scorer",
                                      "xtransformer.fit_on"],
     "matcher": _TREE + ["encoders.{enc}", "xtransformer.matcher"],
-    "xtransformer_ranker": _XT + _XT_RANKER_TRAIN,
+    "xtransformer_ranker": _XT + [("xtransformer.ranker", XT_PREDICT_ONLY)],
     "xtransformer_predict": _XT + ["xtransformer.ranker"],
     "xtransformer_select": _TREE + ["xr_linear", "encoders", "xtransformer"],
     "xtransformer_ensemble": _TREE + ["encoders", "xtransformer"],
@@ -315,12 +315,13 @@ def rule_settings(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str
     if rule not in RULE_SETTINGS:
         raise KeyError(f"rule '{rule}' is not in config.RULE_SETTINGS")
     out = {}
-    for key in RULE_SETTINGS[rule]:
+    for entry in RULE_SETTINGS[rule]:
+        key, leave_out = (entry, ()) if isinstance(entry, str) else entry
         key = key.format(**(wildcards or {}))
         v: Any = settings
         for part in key.split("."):
             v = v[part]
-        out[key] = v
+        out[key] = {k: x for k, x in v.items() if k not in leave_out} if leave_out else v
     return out
 
 

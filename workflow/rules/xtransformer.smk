@@ -132,8 +132,8 @@ def xt_ranker_params(w, predict=False):
     if predict:
         p.update(combiner=w.comb)
         p = {k: p[k] for k in ("topb", "topk", "candidates", "combiner", "transform")}
-    else:  # Eq. 2's combiner and transform are prediction's alone: changing them keeps the trained rankers
-        p = {k: v for k, v in p.items() if k not in ("combiner", "transform")}
+    else:  # prediction's alone: changing them keeps the trained rankers
+        p = {k: v for k, v in p.items() if k not in xcfg.XT_PREDICT_ONLY}
     return json.dumps(p, sort_keys=True)
 
 
