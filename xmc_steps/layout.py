@@ -111,15 +111,16 @@ def tree_path(res: str, dataset: str, emb: str, cluster: Mapping[str, Any], seed
 @dataclass(frozen=True)
 class XTMember:
     """One X-Transformer model: an indexing, an encoder, a ranker input and negatives, and
-    the prediction settings of Eq. 2 (candidate clusters, combiner)."""
+    the prediction settings of Eq. 2 (candidate clusters, combiner).  No field has a default
+    (:func:`xt_members` fills every one from the config), so none can drift from config.yaml."""
 
     emb: str
     tree: str
     enc: str
     ranker_input: str
     negatives: str
-    candidates: str = "union"
-    combiner: str = "product"
+    candidates: str
+    combiner: str
 
     def _at(self, res: str, dataset: str, pattern: str, **more: Any) -> str:
         return at(res, pattern, dataset=dataset, emb=self.emb, tree=self.tree, enc=self.enc, rin=self.ranker_input,

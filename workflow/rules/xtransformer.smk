@@ -131,7 +131,7 @@ def xt_ranker_params(w, predict=False):
              topk=s["evaluate"]["topk"])
     if predict:
         p.update(combiner=w.comb)
-        p = {k: p[k] for k in ("topb", "topk", "candidates", "combiner", "transform")}
+        p = {k: p[k] for k in ("topb", "topk", "candidates") + xcfg.XT_PREDICT_ONLY}
     else:  # prediction's alone: changing them keeps the trained rankers
         p = {k: v for k, v in p.items() if k not in xcfg.XT_PREDICT_ONLY}
     return json.dumps(p, sort_keys=True)
