@@ -131,3 +131,101 @@ def test_bow_bad_feature(tmp_path):
     (d / "test.txt").write_text("1 5 2\n0 1:1.0\n")
     with pytest.raises(StageError, match=r"train.txt:3: feature '7:1' outside \[0, 5\)"):
         run_ingest(tmp_path, name="eurlex4k")
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_byte_order_marks_are_not_part_of_the_first_line(tmp_path):
+    d = write_raw_dataset(tmp_path / "data" / "toy", [("cocoa beans", ["cocoa"]), ("tea leaves", ["tea"])] * 5,
+                          [("cocoa", ["cocoa"]), ("tea", ["tea"])])
+    for name in ("train_labels.txt", "train_texts.txt", "test_labels.txt"):
+        (d / name).write_bytes(BOM + (d / name).read_bytes())
+    out = run_ingest(tmp_path)
+    assert io.read_table(out / "labels.parquet").to_pydict()["label_id"] == ["cocoa", "tea"]   # not '\ufeffcocoa'
+    docs = io.read_table(out / "docs_train.parquet").to_pydict()
+    assert all(not t.startswith("\ufeff") for t in docs["text"])
+    # label_ids.txt and label_texts.txt with a byte-order mark: the first id is found, its text clean
+    (d / "label_ids.txt").write_bytes(BOM + b"cocoa\ntea\n")
+    (d / "label_texts.txt").write_bytes(BOM + b"Cocoa\nTea\n")
+    t = io.read_table(run_ingest(tmp_path) / "labels.parquet").to_pydict()
+    assert t["label_id"] == ["cocoa", "tea"] and t["label_text"] == ["Cocoa", "Tea"]
+
+
+def test_bow_header_after_a_byte_order_mark(tmp_path):
+    d = tmp_path / "data" / "eurlex4k"
+    d.mkdir(parents=True)
+    (d / "train.txt").write_bytes(BOM + b"2 5 2\n0 0:1.0\n1 2:0.5\n")
+    (d / "test.txt").write_bytes(BOM + b"1 5 2\n0 1:1.0\n")
+    out = run_ingest(tmp_path, name="eurlex4k")
+    assert io.load_csr(out / "X_bow_test.npz").shape == (1, 5)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_an_empty_split_is_rejected_naming_its_file(tmp_path, split):
+    d = write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    (d / f"{split}_texts.txt").write_text("")
+    (d / f"{split}_labels.txt").write_text("")
+    with pytest.raises(StageError, match=rf"{split}_texts.txt: the {split} split has no documents"):
+        run_ingest(tmp_path)
+    assert not (tmp_path / "out" / "docs_train.parquet").exists()
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_split_without_any_label_is_rejected_naming_its_file(tmp_path, split):
+    rows = {"train": TRAIN, "test": TEST}
+    rows[split] = [(t, []) for t, _ in rows[split]]
+    write_raw_dataset(tmp_path / "data" / "toy", rows["train"], rows["test"])
+    n = len(rows[split])
+    with pytest.raises(StageError, match=rf"{split}_labels.txt: no document of the {split} split \({n} documents\) has a label"):
+        run_ingest(tmp_path)
+
+
+def test_bow_split_without_documents_or_labels_is_rejected(tmp_path):
+    d = tmp_path / "data" / "eurlex4k"
+    d.mkdir(parents=True)
+    (d / "train.txt").write_text("2 5 2\n0 0:1.0\n1 2:0.5\n")
+    (d / "test.txt").write_text("0 5 2\n")
+    with pytest.raises(StageError, match=r"test.txt: the test split has no documents"):
+        run_ingest(tmp_path, name="eurlex4k")
+    (d / "test.txt").write_text("1 5 2\n 1:1.0\n")
+    with pytest.raises(StageError, match=r"test.txt: no document of the test split \(1 documents\) has a label"):
+        run_ingest(tmp_path, name="eurlex4k")
+
+
+def test_each_count_mismatch_says_what_its_lines_are(tmp_path):
+    d = write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST, label_ids=["a", "b", "c"], label_texts=["A", "B"])
+    with pytest.raises(StageError) as e:
+        run_ingest(tmp_path)
+    assert "label_ids.txt has 3 lines but" in str(e.value) and "label_texts.txt has 2" in str(e.value)
+    assert "one line (the label's text) per label id" in str(e.value) and "labels line" not in str(e.value)
+    (d / "label_texts.txt").write_text("A\nB\nC\n")
+    (d / "test_ids.txt").write_text("x\ny\n")
+    with pytest.raises(StageError) as e:
+        run_ingest(tmp_path)
+    assert "test_ids.txt has 2" in str(e.value) and "each document needs exactly one id line" in str(e.value)
+    assert "labels line" not in str(e.value)
+
+
+def test_bow_rejects_unicode_digits_and_non_finite_values(tmp_path):
+    d = tmp_path / "data" / "eurlex4k"
+    d.mkdir(parents=True)
+    (d / "test.txt").write_text("1 5 2\n0 1:1.0\n")
+    for body, msg in (("2 5 ²\n0 0:1\n1 1:1\n", r"train.txt:1: expected a header"),
+                      ("2 5 2\n² 0:1\n1 1:1\n", r"train.txt:2: label '²' is not an integer"),
+                      ("2 5 2\n0 ²:1\n1 1:1\n", r"train.txt:2: malformed feature '²:1'"),
+                      ("2 5 2\n0 0:nan\n1 1:1\n", r"train.txt:2: feature '0:nan': the value is not a finite"),
+                      ("2 5 2\n0 0:1e39\n1 1:1\n", r"train.txt:2: feature '0:1e39': the value is not a finite"),
+                      ("2 99999999999 2\n0 0:1\n1 1:1\n", r"train.txt:1: header .*at most 2147483647")):
+        (d / "train.txt").write_text(body, encoding="utf-8")
+        with pytest.raises(StageError, match=msg):
+            run_ingest(tmp_path, name="eurlex4k")
+
+
+def test_a_carriage_return_inside_a_labels_line_is_an_error(tmp_path):
+    d = write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    # old Mac line ends: one "line" of texts and of labels; read as is, three documents would become one
+    (d / "test_texts.txt").write_bytes(b"apples\rpears\rplums\n")
+    (d / "test_labels.txt").write_bytes(b"a\rb\rc\n")
+    with pytest.raises(StageError, match=r"test_labels.txt:1: a carriage return inside a labels line"):
+        run_ingest(tmp_path)

@@ -219,7 +219,9 @@ def test_trainer_counts_wall_time_from_its_stages_start(tmp_path):
         tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu")
         assert tr.wall_s >= 0.05
     assert stage.started_at() is None
-    assert trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu").wall_s < 0.05
+    t0 = time.perf_counter()                # outside a stage the clock starts with the trainer, not before:
+    wall = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu").wall_s
+    assert wall <= time.perf_counter() - t0  # (bounded by the time it took, however slow the machine)
 
 
 def test_checkpoints_keep_newest_two_and_other_config_is_not_resumed(tmp_path):
@@ -267,7 +269,7 @@ def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     run = base + ["--ckpt", str(tmp_path / "ck"), "--out", str(tmp_path / "run.safetensors")]
     victim = subprocess.Popen(run + ["--sleep", "0.15"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
+    deadline = time.time() + 600
     while time.time() < deadline and victim.poll() is None:
         if trainer.list_checkpoints(tmp_path / "ck"):
             break
@@ -277,9 +279,9 @@ def test_sigkill_then_restart_ends_like_an_uninterrupted_run(tiny, tmp_path):
     assert victim.wait(30) == -signal.SIGKILL
     assert 5 <= killed_at < 30 and not (tmp_path / "run.safetensors").exists()
 
-    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert ref.wait(120) == 0, ref.stderr.read().decode()[-2000:]
+    assert ref.wait(1200) == 0, ref.stderr.read().decode()[-2000:]
     r = json.loads((tmp_path / "ref.safetensors.json").read_text())
     a = json.loads((tmp_path / "run.safetensors.json").read_text())
     assert r["step"] == r["scheduler_steps"] == 30 and r["adam_steps"] == [30] and r["resumed_from"] is None

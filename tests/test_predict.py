@@ -82,7 +82,7 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
     out = toy_linear_run / "top.jsonl"
     r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/xr-linear"),
                         "--top-k", "2", "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=1200)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["line"] for x in rows] == [1, 2] and all(len(x["labels"]) == 2 for x in rows)
@@ -92,7 +92,7 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
     src.write_bytes(b"aw1\n\xff\xfe\n")
     out.unlink()
     r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/parabel"),
-                        "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 2 and f"{src}, line 2: not UTF-8" in r.stderr and not out.exists()
 
 
@@ -101,3 +101,68 @@ def test_neural_methods_answer_new_text_as_the_dag(neural_toy_run):
     for t in ("xtransformer", "xtransformer-tfidf-tfn", "xtransformer-paper-candidates", "elias", "elias-ensemble",
               "lightxml"):
         _same_as_dag(neural_toy_run, t, exact=False)
+
+
+def _fake_target(tmp_path, monkeypatch, noisy: bool):
+    """A target of a registered fake method (labels a, b, c; scores 0.9, 0.5, 0.1 for every text) whose
+    scoring writes to file descriptor 1, as omikuji's native logger does, when ``noisy``."""
+    import os
+
+    import scipy.sparse as sp
+
+    res = tmp_path / "results"
+    (res / "toy" / "config").mkdir(parents=True)
+    io.write_json(res / "toy" / "config" / "fake.json", {"settings": {}})
+    io.write_table(res / "toy" / "ingest" / "labels.parquet", {"label_id": ["a", "b", "c"], "label_text": ["A", "B", "C"]})
+
+    def fake(t, variant, f, topk, device):
+        if noisy:
+            os.write(1, b"2026 INFO [omikuji::model] Loading model (native, on fd 1)\n")
+        n = len(f.texts)
+        return sp.csr_matrix(np.tile(np.array([[0.9, 0.5, 0.1]], np.float32), (n, 1)))
+
+    monkeypatch.setitem(xp.PREDICTORS, "fake", fake)
+    return res / "toy" / "fake"
+
+
+class _Stdin:
+    def __init__(self, data: bytes):
+        import io as _io
+
+        self.buffer = _io.BytesIO(data)
+
+
+def test_stdout_carries_only_the_answers_when_native_code_prints(tmp_path, monkeypatch, capfd):
+    model = _fake_target(tmp_path, monkeypatch, noisy=True)
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"first text\nsecond text\n"))
+    assert xp.main(["--model", str(model), "--top-k", "2", "--batch-size", "1"]) == 0
+    out, err = capfd.readouterr()
+    rows = [json.loads(x) for x in out.splitlines()]            # every stdout line is an answer
+    assert [r["line"] for r in rows] == [1, 2] and rows[0]["labels"][0] == {"label": "a", "name": "A", "score": 0.9}
+    assert err.count("Loading model (native, on fd 1)") == 2     # the native output went to stderr
+
+
+def test_ids_with_stdin_input_are_counted_before_anything_is_printed(tmp_path, monkeypatch, capfd):
+    model = _fake_target(tmp_path, monkeypatch, noisy=False)
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"\xef\xbb\xbfdoc-1\n")                     # a byte-order mark is not part of the id
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"one\ntwo\nthree\n"))
+    assert xp.main(["--model", str(model), "--ids", str(ids)]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert f"error: --ids {ids} has 1 lines, the input 3: one id per text, in order" in err
+    # the same message as with --input FILE
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"one\ntwo\nthree\n")
+    assert xp.main(["--model", str(model), "--ids", str(ids), "--input", str(src)]) == 2
+    assert f"error: --ids {ids} has 1 lines, the input 3: one id per text, in order" in capfd.readouterr().err
+    # as many ids as lines: each answer carries its id
+    ids.write_bytes(b"\xef\xbb\xbfdoc-1\ndoc-2\ndoc-3\n")
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"\xef\xbb\xbfone\ntwo\nthree\n"))
+    assert xp.main(["--model", str(model), "--ids", str(ids), "--top-k", "1"]) == 0
+    rows = [json.loads(x) for x in capfd.readouterr().out.splitlines()]
+    assert [(r["line"], r["id"]) for r in rows] == [(1, "doc-1"), (2, "doc-2"), (3, "doc-3")]
+
+
+def test_read_texts_drops_a_byte_order_mark_on_the_first_line_only():
+    assert list(xp.read_texts([b"\xef\xbb\xbfa\n", b"\xef\xbb\xbfb\n"], "in.txt")) == [(1, "a"), (2, "\ufeffb")]

@@ -32,7 +32,6 @@ def toy_run(toy_linear_run):
     return toy_linear_run
 
 
-@pytest.mark.timeout(600)
 def test_html_report_holds_metrics_and_plot(toy_run):
     tmp = toy_run
     r = _run(tmp, TARGET, extra=["--report", "report.html"])
@@ -54,7 +53,6 @@ def test_html_report_holds_metrics_and_plot(toy_run):
     assert '"toy"' in html and '"xr-linear"' in html
 
 
-@pytest.mark.timeout(600)
 def test_zip_report(toy_run):
     tmp = toy_run
     _run(tmp, TARGET, extra=["--report", "report.zip"])

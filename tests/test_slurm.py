@@ -85,7 +85,6 @@ def runs(tmp_path_factory, neural_toy_run):
     return local, slurm, r.stdout + r.stderr, time.perf_counter() - t0
 
 
-@pytest.mark.timeout(1500)
 def test_every_job_went_through_sbatch_with_its_rules_resources(runs):
     _, slurm, out, seconds = runs
     print(f"SLURM run of {TARGETS}: {seconds:.0f} s")
@@ -113,7 +112,6 @@ def test_every_job_went_through_sbatch_with_its_rules_resources(runs):
     assert "--gpus=1" in st1["sbatch"] and "--mem 16000 " in st1["sbatch"] and "-t 1440 " in st1["sbatch"]
 
 
-@pytest.mark.timeout(1500)
 def test_gpu_job_was_granted_a_gpu(runs):
     _, _, out, _ = runs
     jobs, _ = _jobs(out)
@@ -131,7 +129,6 @@ def test_gpu_job_was_granted_a_gpu(runs):
         pytest.skip("slurmctld no longer knows the jobs (MinJobAge too short)")
 
 
-@pytest.mark.timeout(1500)
 def test_metrics_equal_a_local_run(runs):
     local, slurm, _, _ = runs
     for t in TARGETS:

@@ -225,7 +225,7 @@ _JOB = textwrap.dedent(
     tracking._preimport(tracking.tracking_uri())  # import mlflow before the barrier
     i, method, sync = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     (sync / f"ready{{i}}").touch()
-    t_end = time.time() + 60
+    t_end = time.time() + 600
     while not (sync / "go").exists() and time.time() < t_end:
         time.sleep(0.005)
     rec = {{
@@ -261,13 +261,13 @@ def test_parallel_jobs_one_sqlite_store(tmp_path):
         for i, m in enumerate(_METHODS)
     ]
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 600
         while len(list(sync.glob("ready*"))) < len(procs) and time.time() < deadline:
             if any(p.poll() not in (None, 0) for p in procs):
                 break
             time.sleep(0.02)
         (sync / "go").touch()  # all 8 hit the fresh (not yet created) store at once
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=900) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

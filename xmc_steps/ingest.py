@@ -18,13 +18,18 @@ dropped); texts and labels files must have the same number of lines (the error n
 both files and both counts); bytes that are not UTF-8 are an error naming file, line
 and column unless ``encoding_errors: replace`` (then U+FFFD, counted); with
 ``label_ids.txt`` present every label must be listed there (file, line and label are
-named otherwise); empty documents and documents without labels are legal and counted.
+named otherwise); empty documents and documents without labels are legal and counted, but a
+train or test split without documents, or without a single label, is an error naming its file
+(nothing could be trained or evaluated on it; without the check it would fail stages later, at
+TF-IDF or evaluation).  A UTF-8 byte-order mark at the start of a file is dropped (Windows
+editors write one; it would otherwise become part of the first label id, text or BoW header).
 The validation split is carved from train with ``split.seed`` and ``split.valid_fraction``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,7 @@ from .stage import StageError, add_common_args, cli_main, stage_run
 
 def read_lines(path: Path, errors: str = "strict") -> tuple[list[str], int]:
     """Lines of a UTF-8 text file split on ``\\n`` only; returns (lines, replaced-bytes count)."""
-    data = Path(path).read_bytes()
+    data = io.strip_bom(Path(path).read_bytes())
     if data.endswith(b"\n"):
         data = data[:-1]
     raw = data.split(b"\n") if data else []
@@ -61,9 +66,20 @@ def read_lines(path: Path, errors: str = "strict") -> tuple[list[str], int]:
     return out, replaced
 
 
-def _check_same_length(a: Path, na: int, b: Path, nb: int) -> None:
+def _check_same_length(a: Path, na: int, b: Path, nb: int, why: str) -> None:
+    """Two files read line by line side by side have as many lines; else an error naming both,
+    both counts and ``why`` (what each line of ``b`` is for)."""
     if na != nb:
-        raise StageError(f"line counts differ: {a} has {na} lines but {b} has {nb}; each document needs exactly one labels line")
+        raise StageError(f"line counts differ: {a} has {na} lines but {b} has {nb}; {why}")
+
+
+def check_split(split: str, n_docs: int, n_labelled: int, docs_file: Path, labels_file: Path) -> None:
+    """A train or test split has documents, and at least one of them a label; else a
+    :class:`StageError` naming the file (see the module docstring)."""
+    if n_docs == 0:
+        raise StageError(f"{docs_file}: the {split} split has no documents")
+    if n_labelled == 0:
+        raise StageError(f"{labels_file}: no document of the {split} split ({n_docs} documents) has a label")
 
 
 def read_label_index(files: DatasetFiles, errors: str) -> tuple[list[str] | None, dict[str, str]]:
@@ -81,7 +97,8 @@ def read_label_index(files: DatasetFiles, errors: str) -> tuple[list[str] | None
             raise StageError(f"{files.label_ids}: {dup} duplicated label ids")
         if files.label_texts:
             texts, _ = read_lines(files.label_texts, errors)
-            _check_same_length(files.label_ids, len(ids), files.label_texts, len(texts))
+            _check_same_length(files.label_ids, len(ids), files.label_texts, len(texts),
+                               "label_texts.txt needs exactly one line (the label's text) per label id, in the same order")
             names = dict(zip(ids, texts))
     if files.label_map and not names:
         lines, _ = read_lines(files.label_map, errors)
@@ -99,25 +116,44 @@ def parse_raw_split(files: DatasetFiles, split: str, errors: str):
     tpath, lpath = files.texts[split], files.labels[split]
     texts, rep_t = read_lines(tpath, errors)
     labels, rep_l = read_lines(lpath, errors)
-    _check_same_length(tpath, len(texts), lpath, len(labels))
+    _check_same_length(tpath, len(texts), lpath, len(labels), "each document needs exactly one labels line")
+    for ln, line in enumerate(labels, start=1):
+        if "\r" in line:     # a texts file may hold a stray CR; a labels line never does
+            raise StageError(f"{lpath}:{ln}: a carriage return inside a labels line (a file with "
+                             "old Mac line ends, CR only?); lines end with LF or CRLF")
     label_lists = [line.split() for line in labels]
     if split in files.ids:
         ids, _ = read_lines(files.ids[split], errors)
-        _check_same_length(tpath, len(texts), files.ids[split], len(ids))
+        _check_same_length(tpath, len(texts), files.ids[split], len(ids), "each document needs exactly one id line")
     else:
         ids = [str(i) for i in range(1, len(texts) + 1)]
     return texts, label_lists, ids, rep_t + rep_l
 
 
+def _is_uint(s: str) -> bool:
+    """``s`` is a non-negative integer in ASCII digits (``str.isdigit`` also accepts '²', which
+    ``int`` rejects)."""
+    return s.isascii() and s.isdigit()
+
+
+#: the largest feature or label count (indices are stored as int32)
+MAX_INDEX = 2**31 - 1
+
+
 def parse_bow(path: Path, errors: str):
-    """Parse an XMC-repository BoW file -> (label id lists, CSR features, n_features, n_labels)."""
+    """Parse an XMC-repository BoW file -> (label id lists, CSR features, n_features, n_labels).
+
+    Labels and feature indices are ASCII integers inside the header's ranges, values finite
+    float32 numbers; anything else is an error naming the file, line and the offending piece."""
     lines, _ = read_lines(path, errors)
     if not lines:
         raise StageError(f"{path}:1: empty file; expected a header 'N D L'")
     head = lines[0].split()
-    if len(head) != 3 or not all(h.isdigit() for h in head):
+    if len(head) != 3 or not all(_is_uint(h) for h in head):
         raise StageError(f"{path}:1: expected a header 'N D L' (documents, features, labels), got {lines[0][:80]!r}")
     n, d, n_lab = map(int, head)
+    if d > MAX_INDEX or n_lab > MAX_INDEX:
+        raise StageError(f"{path}:1: header {lines[0][:80]!r}: at most {MAX_INDEX} features and labels")
     body = lines[1:]
     if len(body) != n:
         raise StageError(f"{path}: header says {n} documents but the file has {len(body)} lines after it")
@@ -131,7 +167,7 @@ def parse_bow(path: Path, errors: str):
         feats = parts[1:] if first or (parts and parts[0] == "") else parts
         labs = [x for x in first.split(",") if x] if first else []
         for x in labs:
-            if not x.isdigit() or int(x) >= n_lab:
+            if not _is_uint(x) or int(x) >= n_lab:
                 raise StageError(f"{path}:{ln}: label {x!r} is not an integer in [0, {n_lab})")
         labels.append(labs)
         for f in feats:
@@ -139,16 +175,23 @@ def parse_bow(path: Path, errors: str):
                 continue
             k, sep, v = f.partition(":")
             try:
+                if not _is_uint(k):
+                    raise ValueError(k)
                 j, x = int(k), float(v)
             except ValueError:
                 raise StageError(f"{path}:{ln}: malformed feature {f!r}; expected index:value") from None
-            if not sep or j < 0 or j >= d:
+            if not math.isfinite(x) or abs(x) > F32_MAX:
+                raise StageError(f"{path}:{ln}: feature {f!r}: the value is not a finite float32 number")
+            if not sep or j >= d:
                 raise StageError(f"{path}:{ln}: feature {f!r} outside [0, {d})")
             ind.append(j)
             val.append(x)
         indptr.append(len(ind))
     X = sp.csr_matrix((np.asarray(val, np.float32), np.asarray(ind, np.int32), np.asarray(indptr, np.int64)), shape=(n, d))
     return labels, X, d, n_lab
+
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def label_matrix(lists: list[list[int]], n_labels: int) -> sp.csr_matrix:
@@ -182,6 +225,7 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
         for split in ("train", "test"):
             texts, lab, ids, rep = parse_raw_split(files, split, errors)
             replaced += rep
+            check_split(split, len(texts), sum(1 for row in lab if row), files.texts[split], files.labels[split])
             raw_splits[split] = {"texts": texts, "labels": lab, "ids": ids, "lines": np.arange(1, len(texts) + 1)}
             log.info("read %s: %d documents from %s", split, len(texts), files.texts[split])
         if label_ids is None:
@@ -201,6 +245,7 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
         n_labels = None
         for split in ("train", "test"):
             lab, X, d, n_lab = parse_bow(files.bow[split], errors)
+            check_split(split, X.shape[0], sum(1 for row in lab if row), files.bow[split], files.bow[split])
             if n_labels is not None and n_lab != n_labels:
                 raise StageError(f"{files.bow[split]}: header says {n_lab} labels but the train file says {n_labels}")
             n_labels = n_lab

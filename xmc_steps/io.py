@@ -11,6 +11,20 @@ The artifact contracts every stage keeps:
 Every writer goes through :func:`atomic_path`: the data is written to a temporary
 name in the same folder and renamed over the final name only once complete, so a
 killed job never leaves a half-written artifact behind.
+
+Temporary names carry their writer (:func:`xmc_steps.proc.owner_tag`: pid and host),
+``.<name>.p<pid>-<host>.<random>.tmp[<suffix>]`` (``.old`` for a folder moved aside by
+:func:`atomic_dir`), so that the next run of a stage can remove what a killed run left
+(:func:`remove_stale_temporaries`, called by the stage harness for its declared outputs)
+without touching the temporaries of a writer that is still alive.
+
+Modes.  ``tempfile.mkstemp``/``mkdtemp`` create 0600 files and 0700 folders; an artifact
+is meant to be shared like any file the user writes, so the temporary is given
+``0o666 & ~umask`` (files) or ``0o777 & ~umask`` (folders) before it takes the final
+name.  The umask is read once, at import (``os.umask`` can only be read by setting it).
+
+Text read from the user's files goes through :func:`strip_bom` (a UTF-8 byte-order
+mark, as Windows editors write, is not part of the first line's content).
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +40,78 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 import scipy.sparse as sp
+
+from .proc import owner_tag, parse_owner_tag, pid_gone
+
+
+def _read_umask() -> int:
+    """The umask, from ``/proc/self/status`` where Linux shows it (nothing changed), else by setting
+    and restoring it (the most restrictive mask in between, for any thread creating a file then)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    old = os.umask(0o077)
+    os.umask(old)
+    return old
+
+
+#: The process's umask at import (applied to the temporaries mkstemp/mkdtemp create 0600/0700).
+UMASK = _read_umask()
+
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def file_mode(directory: bool = False) -> int:
+    """The mode a new file (``0o666``) or folder (``0o777``) gets under the umask."""
+    return (0o777 if directory else 0o666) & ~UMASK
+
+
+def strip_bom(data: bytes) -> bytes:
+    """``data`` without a leading UTF-8 byte-order mark."""
+    return data[len(UTF8_BOM):] if data.startswith(UTF8_BOM) else data
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{owner_tag()}."
+
+
+def stale_temporaries(path: str | os.PathLike) -> list[tuple[Path, int, bool]]:
+    """``(temporary, pid, made on this host)`` of every temporary that :func:`atomic_path` or
+    :func:`atomic_dir` left beside ``path`` (a file or folder name; live writers included)."""
+    path = Path(path)
+    pat = re.compile(rf"\.{re.escape(path.name)}\.(p\d+-[0-9a-f]{{8}})\.[A-Za-z0-9_]+\.(?:tmp|old)")
+    out = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+        for entry in path.parent.iterdir():
+            m = pat.match(entry.name)
+            owner = parse_owner_tag(m.group(1)) if m else None
+            if owner is not None:
+                out.append((entry, *owner))
+    return out
+
+
+def remove_stale_temporaries(paths: list[str | os.PathLike], log=None) -> list[Path]:
+    """Remove the temporaries beside each of ``paths`` whose writer has ended (a killed run's);
+    keep those of live processes and of other hosts (named in the log).  Returns what was removed."""
+    removed = []
+    for path in paths:
+        for tmp, pid, here in stale_temporaries(path):
+            if not here or not pid_gone(pid):
+                if log is not None:
+                    log.info("left %s: its writer (pid %d%s) may still be running", tmp, pid,
+                             "" if here else " on another host")
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if tmp.is_dir() and not tmp.is_symlink():
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
+            removed.append(tmp)
+            if log is not None:
+                log.info("removed %s, left by an earlier run (pid %d) that did not finish", tmp, pid)
+    return removed
 
 
 @contextlib.contextmanager
@@ -38,8 +125,11 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix if suffix is None else suffix
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
-    os.close(fd)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=f".tmp{suffix}", dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -59,12 +149,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     after the new folder is in place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
+        os.chmod(tmp, file_mode(directory=True))
         yield tmp
         old = None
         if path.exists() or path.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old / path.name)
         try:
             os.replace(tmp, path)
@@ -90,7 +181,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:      # -sig: a byte-order mark is skipped
         return json.load(fh)
 
 

@@ -25,11 +25,18 @@ line is done (no half-written file); ``--out X.parquet`` writes a table instead,
 and label (``line``, ``id``, ``rank``, ``label``, ``name``, ``score``).  Lines are read and
 answered in batches of ``--batch-size`` with a progress bar on stderr.  ``--device`` picks CPU or
 CUDA for the neural methods (``auto``: CUDA when visible).
+
+stdout carries the answers and nothing else: while a batch is scored, file descriptor 1 points at
+stderr (:func:`xmc_steps.proc.stdout_to_stderr`), since native code (omikuji's Rust logger) prints
+to the descriptor itself.  ``--ids`` with stdin input reads the input first (its lines must be
+counted against the ids before any answer is printed).  A UTF-8 byte-order mark at the start of the
+input or of the ids file is not part of the first line.
 """
 
 from __future__ import annotations
 
 import argparse
+import io as _io
 import json
 import logging
 import sys
@@ -41,7 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 import numpy as np
 import scipy.sparse as sp
 
-from . import io, layout
+from . import io, layout, proc
 
 __all__ = ["PredictError", "Target", "Features", "read_texts", "predict_scores", "top_labels", "answers",
            "write_jsonl", "write_parquet", "main"]
@@ -62,6 +69,8 @@ def read_texts(stream: Iterable[bytes], name: str, skip_empty: bool = False) -> 
     line (an empty line with ``skip_empty`` yields an empty text)."""
     for n, raw in enumerate(stream, start=1):
         raw = raw.rstrip(b"\n").rstrip(b"\r")
+        if n == 1:
+            raw = io.strip_bom(raw)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -387,7 +396,8 @@ def answers(target: Target, lines: Iterator[tuple[int, str]], topk: int, batch_s
               disable=total is not None and total <= batch_size) as bar:
         for batch in _batches(lines, batch_size):
             keep = [i for i, (_, text) in enumerate(batch) if text.strip()]
-            P = predict_scores(target, [batch[i][1] for i in keep], topk, device)
+            with proc.stdout_to_stderr():        # what native code prints is not an answer
+                P = predict_scores(target, [batch[i][1] for i in keep], topk, device)
             rows = dict(zip(keep, range(len(keep))))
             for i, (n, _) in enumerate(batch):
                 yield n, (top_labels(target, P, rows[i]) if i in rows else [])
@@ -423,7 +433,10 @@ def _read_ids(path: str, n_lines: int | None) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise PredictError(f"--ids {p}: no such file")
-    ids = p.read_text(encoding="utf-8").splitlines()
+    try:
+        ids = io.strip_bom(p.read_bytes()).decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise PredictError(f"--ids {p}: not UTF-8 ({e.reason} at byte {e.start})") from None
     if n_lines is not None and len(ids) != n_lines:
         raise PredictError(f"--ids {p} has {len(ids)} lines, the input {n_lines}: one id per text, in order")
     return ids
@@ -458,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, RuntimeError) as e:
                 raise PredictError(f"--device {args.device}: {e}") from None
         target = Target.load(args.model)
-        if args.input == "-":
+        if args.input == "-" and args.ids:
+            # the ids are checked against the number of texts before anything is answered
+            data = sys.stdin.buffer.read()
+            stream, name = _io.BytesIO(data), "<stdin>"
+            total = sum(1 for _ in _io.BytesIO(data))
+        elif args.input == "-":
             stream, name, total = sys.stdin.buffer, "<stdin>", None
         else:
             path = Path(args.input)

@@ -16,6 +16,14 @@ stage declared (``--out``/``st.output`` paths that are files), so a failed job l
 no artifact behind, and re-raises: the CLI exits non-zero with a one-line message
 (see :func:`cli_main`).
 
+After a kill.  On start, the harness removes the temporaries that an earlier, killed run of
+the same outputs left beside them (:func:`xmc_steps.io.remove_stale_temporaries`: only those
+whose writer process is gone).  A stage run from its own command line (:func:`cli_main`
+without ``argv``, as the rules run it) ends itself when the process that started it dies
+(:func:`xmc_steps.proc.guard_against_orphaning`), so a ``kill -9`` of Snakemake leaves no
+stage computing on.  A run left RUNNING in MLflow by a kill is marked KILLED by the next run
+of the same stage (:mod:`xmc_steps.tracking`).
+
 Common CLI flags (added by :func:`add_common_args`): ``--log``, ``--record``,
 ``--params`` (JSON object), ``--dataset``, ``--method``, ``--rule`` (Snakemake's ``{rule}``),
 ``--config-hash``, ``--threads`` (Snakemake's ``{threads}``: the parameter ``threads``, over
@@ -38,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import io
+from . import io, proc
 
 
 class StageError(Exception):
@@ -229,6 +237,8 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
     record_path = getattr(args, "record", None)
     declared = list(outputs or [])
     log.info("stage %s starting (pid %d)", stage, os.getpid())
+    io.remove_stale_temporaries(declared + ([record_path] if record_path else []), log=log)
+    proc.guard_log(log)
     _RUNNING.append(ctx)
     try:
         yield ctx
@@ -269,7 +279,13 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
 
 
 def cli_main(fn: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
-    """Run a stage's ``main``; print a :class:`StageError` as one clear line, exit 2."""
+    """Run a stage's ``main``; print a :class:`StageError` as one clear line, exit 2.
+
+    Without ``argv`` this is the process's own command line (``python -m xmc_steps.<stage>``):
+    the process then ends when whoever started it dies (:func:`xmc_steps.proc.guard_against_orphaning`).
+    A caller running a stage in-process (tests) passes ``argv`` and keeps its process as it was."""
+    if argv is None:
+        proc.guard_against_orphaning()
     try:
         fn(argv)
     except StageError as e:

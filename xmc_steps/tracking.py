@@ -50,6 +50,15 @@ serialises writes itself; the lock (``<results_dir>/mlflow.lock``) is then only 
 around the get-or-create of the experiment and parent run.  On a cluster that lock
 file must be on a file system shared by the jobs of a target for this to hold.
 
+Runs left RUNNING.  A stage's child run is created and terminated within a second, but a job
+killed in that second leaves it RUNNING for ever.  The child therefore carries, from its creation,
+who wrote it and for which outputs (``xmc.pid``, ``xmc.host``, ``xmc.outputs_key``: a hash of the
+output paths, beside rule, dataset and method).  Before the next run of the same stage (same rule,
+dataset, method and outputs) creates its child, it marks every RUNNING child of that stage whose
+process is gone (:func:`xmc_steps.proc.pid_gone`: on this host and ended) as KILLED, tagged
+``xmc.killed_note``.  Runs of another host, of a live process, or without those tags (older
+versions) are left as they are.
+
 Failure policy.  If tracking still fails after the retries (or the lock cannot be had
 within ``XMC_TRACKING_LOCK_TIMEOUT`` seconds, default 600), :func:`log_stage` raises a
 :class:`RuntimeError` naming the URI and the cause.  The harness calls it after the
@@ -73,6 +82,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from .params import flatten
+from .proc import HOST, pid_gone
 
 __all__ = [
     "tracking_uri",
@@ -85,6 +95,8 @@ __all__ = [
     "log_artifacts",
     "flatten_params",
     "git_commit",
+    "mark_killed_runs",
+    "outputs_key",
     "SHARED",
 ]
 
@@ -425,6 +437,9 @@ def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> 
         "xmc.method": method_key,
         "xmc.config_hash": config_hash,
         "xmc.git_commit": commit,
+        "xmc.pid": str(os.getpid()),
+        "xmc.host": HOST,
+        "xmc.outputs_key": outputs_key(outputs),
     }
     for k, v in (record.get("tags") or {}).items():
         tags.setdefault(_clean_key(k), _str_value(v, MAX_TAG_VAL_LENGTH))
@@ -480,7 +495,11 @@ def _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metric
     from mlflow.entities import Param, RunTag
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-    create_tags = {MLFLOW_PARENT_RUN_ID: parent_id, "xmc.run_type": "stage"}
+    mark_killed_runs(client, exp_id, tags, log)
+    # who wrote the run and for which outputs, from its creation: a kill before the tags' batch
+    # below still leaves a run the next job of the stage can recognise (mark_killed_runs)
+    create_tags = {MLFLOW_PARENT_RUN_ID: parent_id, "xmc.run_type": "stage",
+                   **{k: tags[k] for k in _IDENTITY if k in tags}}
     run = _retry(
         lambda: client.create_run(exp_id, start_time=start_ms, tags=create_tags, run_name=rule),
         "create run",
@@ -501,6 +520,42 @@ def _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metric
     _retry(lambda: client.log_batch(parent_id, tags=parent_tags, synchronous=True), "tag parent", log)
     _retry(lambda: client.set_terminated(parent_id, "FINISHED"), "terminate parent", log)
     return run_id
+
+
+_IDENTITY = ("xmc.rule", "xmc.stage", "xmc.dataset", "xmc.method", "xmc.pid", "xmc.host", "xmc.outputs_key")
+
+
+def outputs_key(outputs: Mapping[str, str]) -> str:
+    """A short hash of a stage's ``{name: path}`` outputs: which job of a rule a run belongs to."""
+    import hashlib
+
+    return hashlib.sha1(json.dumps(dict(sorted(outputs.items())), sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def mark_killed_runs(client, exp_id: str, tags: Mapping[str, str], log=None) -> list[str]:
+    """Mark KILLED the RUNNING stage runs of the same stage as ``tags`` (rule, dataset, method and
+    outputs key alike) whose process has ended; returns their ids (see the module docstring)."""
+    flt = " and ".join(["attributes.status = 'RUNNING'", "tags.`xmc.run_type` = 'stage'"]
+                       + [f"tags.`{k}` = '{_q(tags[k])}'" for k in ("xmc.rule", "xmc.dataset", "xmc.method",
+                                                                    "xmc.outputs_key")])
+    runs = _retry(lambda: client.search_runs([exp_id], filter_string=flt, max_results=1000), "search running", log)
+    killed = []
+    for run in runs:
+        t = run.data.tags
+        try:
+            pid = int(t.get("xmc.pid", ""))
+        except ValueError:
+            continue
+        if pid == os.getpid() or not pid_gone(pid, t.get("xmc.host")):
+            continue
+        note = f"process {pid} on {t.get('xmc.host')} ended before finishing this run; marked by pid {os.getpid()}"
+        _retry(lambda: client.set_tag(run.info.run_id, "xmc.killed_note", note), "tag killed run", log)
+        _retry(lambda: client.set_terminated(run.info.run_id, "KILLED"), "terminate killed run", log)
+        killed.append(run.info.run_id)
+        if log is not None:
+            log.warning("MLflow: run %s of %s was left RUNNING by process %d, which is gone; marked KILLED",
+                        run.info.run_id, t.get("xmc.rule"), pid)
+    return killed
 
 
 def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:

@@ -212,7 +212,7 @@ def _stack(paths: list[str]) -> sp.csr_matrix:
 
 
 def _train_cli(args) -> None:
-    with stage_run("xr_linear_train", args) as st:
+    with stage_run("xr_linear_train", args, outputs=[str(args.out)]) as st:
         if len(args.features) != len(args.labels):
             raise StageError("give as many --labels as --features")
         try:

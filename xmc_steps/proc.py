@@ -1,0 +1,250 @@
+"""Process-level plumbing shared by the stage harness, artifact I/O, tracking and prediction.
+
+* **Owners.**  A temporary artifact and a running MLflow run record which process made them:
+  :func:`owner_tag` (pid and a short host hash, for file names) and :data:`HOST`.
+  :func:`pid_gone` says whether such a process is certainly gone.  Reading: a pid is only
+  meaningful on its own machine, so a leftover of *another* host is never called gone (it is left
+  in place and reported; on a cluster the next run may land on another node, and removing a live
+  job's files there would be worse than leaving a stale one).  A live pid may be an unrelated
+  process that reused the number: that errs on the side of keeping the file.
+
+* **Orphans.**  A stage started by Snakemake must not outlive it: Snakemake killed with ``kill -9``
+  (or an out-of-memory kill, or a lost SSH session without ``nohup``) would otherwise leave its
+  stages computing for hours, holding GPU memory and writing into ``results/``.  Snakemake runs a
+  rule's shell line through ``bash -c``, and bash either execs the stage (its parent is then the
+  Snakemake process) or waits for it (the parent is bash, and bash survives Snakemake's death).
+  :func:`guard_against_orphaning` therefore (1) asks Linux for ``SIGTERM`` when the direct parent
+  dies (``prctl(PR_SET_PDEATHSIG)``; immediate and independent of Python's GIL, but it only sees
+  the direct parent), and (2) starts a daemon thread that every ``XMC_ORPHAN_POLL_S`` seconds
+  (default 1) checks the chain of ancestors from the parent up to the first one that is not a
+  command wrapper (a shell running a ``-c`` command string, ``time``, ``env``, ``nice`` ...): when
+  any link of that chain is broken (a process of it is gone, or was re-parented because its own
+  parent died: the kernel re-parents children at their parent's exit, before the dead parent is
+  even reaped), the stage logs why and sends itself ``SIGTERM`` (the neural trainers checkpoint
+  on it).  Ancestors above the starter (the user's shell, tmux, sshd) are not watched: Snakemake
+  may legitimately outlive them (``nohup snakemake``).  A stage typed by hand in a terminal (its
+  starter is an interactive shell) is left to the terminal's own rules (SIGHUP, ``nohup``): nothing
+  is armed then.  ``XMC_ORPHAN_GUARD=0`` turns both off.
+
+* **stdout.**  :func:`stdout_to_stderr` sends file descriptor 1 to stderr for a while: native
+  libraries (omikuji's Rust logger) write to the descriptor, below ``sys.stdout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import zlib
+from typing import Iterator
+
+__all__ = ["HOST", "owner_tag", "parse_owner_tag", "pid_alive", "pid_gone", "starter_chain", "chain_broken",
+           "guard_against_orphaning", "guard_log", "stdout_to_stderr", "SHELLS", "COMMAND_WRAPPERS"]
+
+HOST = socket.gethostname()
+_HOST_HASH = f"{zlib.crc32(HOST.encode('utf-8', 'replace')):08x}"
+
+#: Shells: a wrapper when running a ``-c`` command string (as Snakemake runs a rule's shell line), the
+#: starter when running a script, a terminal session when interactive.
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"})
+#: Programs that only run the command after them (the process above them started the stage).
+COMMAND_WRAPPERS = frozenset({"time", "env", "nice", "ionice", "timeout", "stdbuf", "taskset", "numactl"})
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """``p<pid>-<host hash>``: who made a temporary file (part of its name)."""
+    return f"p{os.getpid() if pid is None else int(pid)}-{_HOST_HASH}"
+
+
+def parse_owner_tag(tag: str) -> tuple[int, bool] | None:
+    """``(pid, made on this host)`` of an :func:`owner_tag`, or None if ``tag`` is not one."""
+    if not tag.startswith("p") or "-" not in tag:
+        return None
+    pid, _, host = tag[1:].partition("-")
+    if not pid.isdigit() or len(host) != 8:
+        return None
+    return int(pid), host == _HOST_HASH
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process ``pid`` exists on this machine (a zombie counts as gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # someone else's process: it exists
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - psutil missing or the process just went: trust kill(0)
+        return True
+
+
+def pid_gone(pid: int, host: str | None = None) -> bool:
+    """True only when the process ``pid`` of ``host`` (default: this one) has certainly ended."""
+    if host is not None and host != HOST:
+        return False
+    return not pid_alive(pid)
+
+
+# --------------------------------------------------------------------------- orphans
+
+
+def _set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, sig)`` on Linux; False (and nothing done) elsewhere or on failure."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0          # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def _kind(p) -> str:
+    """``wrapper``, ``terminal`` (an interactive shell) or ``starter`` (anything else) for a psutil Process."""
+    try:
+        cmd = p.cmdline()
+    except Exception:  # noqa: BLE001 - gone or not ours to read
+        cmd = []
+    name = os.path.basename(cmd[0]) if cmd else p.name()
+    name = name.lstrip("-")                                   # "-bash": a login shell
+    if name in COMMAND_WRAPPERS:
+        return "wrapper"
+    if name not in SHELLS:
+        return "starter"
+    args = cmd[1:]
+    if any(a.startswith("-") and not a.startswith("--") and "c" in a for a in args):
+        return "wrapper"                                       # bash -c '...', sh -ec '...'
+    if any(not a.startswith("-") for a in args):
+        return "starter"                                       # bash run.sh: a script waits for the stage
+    return "terminal"
+
+
+def starter_chain(pid: int | None = None) -> list[tuple[int, float]]:
+    """``(pid, create time)`` of the ancestors of ``pid`` (default: this process) from its parent up to
+    and including the first that is not a command wrapper: the process that started the stage, and the
+    wrappers between.  Empty when there is nothing to watch: no parent (pid 1), an interactive shell
+    as the starter (a stage typed by hand), or no psutil."""
+    try:
+        import psutil
+
+        chain = []
+        for anc in psutil.Process(pid).parents():
+            if anc.pid <= 1:
+                return []
+            kind = _kind(anc)
+            if kind == "terminal":
+                return []
+            chain.append((anc.pid, anc.create_time()))
+            if kind == "starter":
+                return chain
+        return []
+    except Exception:  # noqa: BLE001 - no psutil, or the tree changed under us: nothing to watch
+        return []
+
+
+def chain_broken(me: int, chain: list[tuple[int, float]]) -> str | None:
+    """Why the ancestor ``chain`` of process ``me`` (from :func:`starter_chain`) no longer holds, or None."""
+    import psutil
+
+    child = me
+    for pid, created in chain:
+        try:
+            p = psutil.Process(child)
+            if p.ppid() != pid:
+                return f"process {child}'s parent {pid} is gone (re-parented to {p.ppid()})"
+            anc = psutil.Process(pid)
+            if anc.create_time() != created or anc.status() == psutil.STATUS_ZOMBIE:
+                return f"process {pid} (an ancestor that started this stage) is gone"
+        except psutil.NoSuchProcess:
+            return f"process {pid} (an ancestor that started this stage) is gone"
+        child = pid
+    return None
+
+
+class _Watchdog(threading.Thread):
+    def __init__(self, chain: list[tuple[int, float]], interval: float, log: logging.Logger | None):
+        super().__init__(name="xmc-orphan-watchdog", daemon=True)
+        self.chain, self.interval, self.log = chain, interval, log
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        me = os.getpid()
+        while not self.stopped.wait(self.interval):
+            why = chain_broken(me, self.chain)
+            if why:
+                msg = f"the process that started this stage died ({why}); stopping (SIGTERM)"
+                if self.log is not None:
+                    self.log.error("%s", msg)
+                else:
+                    print(f"error: {msg}", file=sys.stderr, flush=True)
+                os.kill(me, signal.SIGTERM)
+                return
+
+
+_GUARD: list[_Watchdog] = []
+
+
+def guard_against_orphaning(log: logging.Logger | None = None) -> bool:
+    """End this process (``SIGTERM``) when the process that started it dies; see the module docstring.
+    Idempotent; False when disabled (``XMC_ORPHAN_GUARD=0``) or when there is nothing to watch."""
+    if os.environ.get("XMC_ORPHAN_GUARD", "1") == "0":
+        return False
+    if _GUARD and _GUARD[0].is_alive():
+        return True
+    chain = starter_chain()
+    if not chain:
+        return False
+    _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != chain[0][0]:       # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        interval = max(0.05, float(os.environ.get("XMC_ORPHAN_POLL_S", "1")))
+    except ValueError:
+        interval = 1.0
+    _GUARD[:] = [_Watchdog(chain, interval, log)]
+    _GUARD[0].start()
+    return True
+
+
+def guard_log(log: logging.Logger | None) -> None:
+    """Where the running guard reports an orphaning (the stage's log, once the stage has one)."""
+    if _GUARD:
+        _GUARD[0].log = log
+
+
+# --------------------------------------------------------------------------- stdout
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr inside the block (what native code prints there goes to
+    stderr), and back afterwards; Python's ``sys.stdout`` is flushed on both sides so that nothing
+    written before the block ends up on stderr or after it on stdout."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:                      # no descriptor 1 (closed stdout): nothing to protect
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
