@@ -55,7 +55,6 @@ def test_cli_writes_the_table_the_csv_and_three_plots(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_leaderboard_targets_rank_what_has_run(toy_linear_run):
     """`results/toy/leaderboard.md` and `results/leaderboard.md` from the toy's two evaluated targets,
     without asking for any other target; a new results file reruns the leaderboard."""
@@ -101,3 +100,55 @@ def test_seed_summary_and_noise_marks():
     assert marks == {"elias": None, "parabel": None, "xr-linear": "parabel", "x": None}
     assert lb._seed_cell(rows[2]) == "89.65 ± 0.07 (2) ≈ parabel" and lb._seed_cell(rows[3]) == "-"
     assert "P@1 over seeds" in lb.markdown("d", rows)
+
+
+
+def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
+    """A paper figure stands beside a run of the paper's settings (config.yaml + config.paper.yaml for
+    that dataset and method), or its row says it does not, and why; a paper's note (GUDN's other
+    split) is printed beside it."""
+    import yaml
+
+    from xmc_steps import config
+    from xmc_steps.stage import cli_main
+
+    root = config.SCHEMA_PATH.parents[2]
+    base = yaml.safe_load((root / "config.yaml").read_text())
+    paper = yaml.safe_load((root / "config.paper.yaml").read_text())
+    merged = config.deep_merge(base, paper)
+    reported = io.read_json(root / "workflow" / "reported.json")
+
+    def res(dataset, method, cfg):
+        return _res(method, 80.0, dataset=dataset,
+                    config={"settings": config.method_settings(cfg, dataset, method) | {"threads": 64}})
+
+    runs = [res("eurlex4k", "gudn", merged),                        # the paper's settings (threads aside)
+            res("eurlex4k", "xtransformer", base),                  # config.yaml's defaults
+            res("eurlex4k", "parabel", merged),                     # no paper section: a baseline
+            res("amazon3m", "elias", merged)]                       # a figure without a paper section
+    rows = {r["method"] + "@" + r.get("dataset", ""): r for r in
+            [dict(row, dataset=run["dataset"]) for run in runs for row in leaderboard.rows_of([run], reported, (base, paper))]}
+    gudn, xt = rows["gudn@eurlex4k"], rows["xtransformer@eurlex4k"]
+    assert gudn["paper_settings"] is True and gudn["paper_settings_why"] is None and "15,539" in gudn["paper_note"]
+    assert xt["paper_settings"] is False and "differ from config.yaml + config.paper.yaml" in xt["paper_settings_why"]
+    assert "xtransformer.cluster.leaf_size 100 (paper: 62)" in xt["paper_settings_why"]
+    assert rows["parabel@eurlex4k"]["paper_settings"] is False
+    assert "no elias section for amazon3m" in rows["elias@amazon3m"]["paper_settings_why"]
+    # a row without a paper figure is not marked; without the config files nothing is
+    assert leaderboard.rows_of([res("debtags", "xr-linear", base)], reported, (base, paper))[0]["paper_settings"] is None
+    assert leaderboard.rows_of([runs[1]], reported)[0]["paper_settings"] is None
+    md = leaderboard.markdown("eurlex4k", leaderboard.rows_of(runs[:3], reported, (base, paper)))
+    assert "paper's settings (* another split)" in md and "| yes * |" in md and "| no |" in md
+    assert "another split: GUDN Table 1" in md and "ours: settings differ" in md
+    # the CLI reads both files; the cross-dataset table carries the mark
+    files = []
+    for i, r in enumerate(runs[:2]):
+        io.write_json(tmp_path / f"{i}.json", r)
+        files.append(str(tmp_path / f"{i}.json"))
+    io.write_json(tmp_path / "reported.json", reported)
+    out = tmp_path / "eurlex4k" / "leaderboard.md"
+    assert cli_main(leaderboard.main, ["--results", *files, "--out", str(out), "--reported", str(tmp_path / "reported.json"),
+                                       "--paper-config", str(root / "config.yaml"), str(root / "config.paper.yaml"),
+                                       "--no-tracking"]) == 0
+    assert "| yes * |" in out.read_text()
+    assert "| yes * |" in leaderboard.cross_dataset([out.parent / "leaderboard.csv"])

@@ -141,10 +141,10 @@ def test_discriminator_never_allocates_batch_by_labels():
 
 def test_params_resolve_and_reject_bad_values():
     p = lightxml.LightXMLParams().resolved(1000)
-    assert p.train.steps == 188 and p.train.warmup_steps == 0 and p.train.schedule == "constant"   # 3 epochs / 16
-    assert p.eval_every == 18
+    assert p.train.steps == 125 and p.train.warmup_steps == 0 and p.train.schedule == "constant"   # 2 epochs / 16
+    assert p.eval_every == 12
     first, every = p.swa_schedule(1000)
-    assert first == 95 and every == 12
+    assert first == 63 and every == 12
     with pytest.raises(ValueError, match="unknown LightXML parameter"):
         lightxml.LightXMLParams.from_dict({"stepz": 1})
     with pytest.raises(ValueError, match="bottleneck"):

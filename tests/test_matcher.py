@@ -251,6 +251,45 @@ def test_guard_counts_what_the_matcher_adds_to_the_linear_trees_clusters():
     assert not freq.passed
 
 
+def test_candidates_matcher_needs_a_matcher_that_beats_the_baselines_alone(tmp_path, caplog):
+    """candidates: matcher (the paper's Eq. 2) searches the matcher's top-b alone: the union
+    criterion, which lets a matcher pass the matcher stage's guard, does not count there; the
+    rankers' stage reads guard.json and stops, or warns when the matcher was allowed to be weak."""
+    import logging
+
+    from xmc_steps import io
+    from xmc_steps.stage import StageError
+    from xmc_steps.xtransformer import check_guard
+
+    K, b = 8, 2
+    M_valid = sp.csr_matrix(np.array([[1, 0, 0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 1, 0, 0]], np.float32))
+    M_train = sp.csr_matrix(np.eye(K, dtype=np.float32)[[6, 6, 7, 7, 6, 7]])
+    lin = sp.csr_matrix(np.array([[.9, .8, .7, .6, 0, 0, 0, 0], [.9, .8, 0, .6, .5, 0, 0, 0]], np.float32))
+    adds = sp.csr_matrix(np.array([[0, 0, 0, 0, .9, .8, 0, 0], [0, 0, 0, 0, .9, .8, 0, 0]], np.float32))
+    union_only = matcher.check_matcher(adds, M_valid, M_train, b, lin)     # ties the tree at b, adds to it
+    assert union_only.passed and not union_only.passed_alone and union_only.to_dict()["passed_alone"] is False
+    why = matcher.alone_failure(union_only.to_dict())
+    assert "candidates: matcher" in why and "only through the union" in why and "linear_tree 0.5000" in why
+    better = matcher.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40})
+    assert better.passed_alone and matcher.alone_failure(better.to_dict()) is None
+    lazy = matcher.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40}, "head+linear", head=0.30)
+    assert "head alone" in matcher.alone_failure(lazy.to_dict())
+    # the rankers' stage: only candidates matcher reads the guard; allow_weak makes it a warning
+    path = tmp_path / "guard.json"
+    io.write_json(path, {**union_only.to_dict(), "allow_weak": False})
+    log = logging.getLogger("test-guard")
+    check_guard(str(path), "union", log)
+    check_guard(None, "matcher", log)
+    with pytest.raises(StageError, match="searches the matcher's top-2 alone"):
+        check_guard(str(path), "matcher", log)
+    io.write_json(path, {**union_only.to_dict(), "allow_weak": True})
+    with caplog.at_level(logging.WARNING, logger="test-guard"):
+        check_guard(str(path), "matcher", log)
+    assert "continuing: xtransformer.matcher.allow_weak is true" in caplog.text
+    io.write_json(path, {**better.to_dict(), "allow_weak": False})
+    check_guard(str(path), "matcher", log)
+
+
 def test_topk_per_row_varying():
     from xmc_steps.search import topk_per_row
 

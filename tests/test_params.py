@@ -81,3 +81,65 @@ def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
         RankerParams.from_dict({"max_iter": "many"})
     with pytest.raises(ValueError, match="training parameter batch_size must be an integer"):
         TrainParams.from_dict({"batch_size": "thirty-two"})
+
+
+# --------------------------------------------------------------------------- one source of defaults
+
+#: keys config.yaml sets to something else than the class default, on purpose (dotted, per section)
+DEFAULTS_ALLOWED = {
+    # config.yaml names an encoder by its key (`minilm`); the rule passes the encoder it stands for
+    "xtransformer.matcher.encoder", "lightxml.encoder", "gudn.backbone.encoder",
+    # the token width picks the token files the rule reads; the class takes it from those tokens (None)
+    "xtransformer.matcher.max_length", "lightxml.max_length", "gudn.backbone.max_length",
+}
+#: the sections compared with their class.  Not here: `elias` (rewritten in parallel; add it with
+#: EliasParams once that settles), `cluster` and `parabel` (their stages take flags, no Params class)
+DEFAULTS_SECTIONS = [("xr_linear", XRLinearParams), ("xtransformer.matcher", MatcherParams),
+                     ("xtransformer.ranker", "xmc_steps.xtransformer:XTransformerRankerParams"),
+                     ("lightxml", "xmc_steps.lightxml:LightXMLParams"), ("gudn", "xmc_steps.gudn:GUDNParams")]
+
+
+def _drift(section: dict, default, where: str) -> list[str]:
+    """The keys of ``section`` (a config.yaml block) that are fields of the Params object ``default``
+    and hold another value than it, recursing into nested parameter objects."""
+    import dataclasses
+    import math
+
+    out = []
+    names = {f.name for f in dataclasses.fields(default)}
+    for key, value in section.items():
+        here = f"{where}.{key}"
+        if key not in names or here in DEFAULTS_ALLOWED:
+            continue
+        d = getattr(default, key)
+        if isinstance(d, Params):
+            out += _drift(value or {}, d, here)
+        elif isinstance(d, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isclose(d, float(value), rel_tol=1e-12):
+                out.append(f"{here}: config.yaml {value!r}, class default {d!r}")
+        elif (list(d) if isinstance(d, tuple) else d) != value:
+            out.append(f"{here}: config.yaml {value!r}, class default {d!r}")
+    return out
+
+
+def test_the_parameter_classes_default_to_config_yaml():
+    """One source of defaults: every key config.yaml's `defaults` sets that is a field of the
+    section's parameter class holds the class's default, so a stage run without the config (a
+    test, a notebook, an earlier results file) trains what `snakemake` trains.  The papers' values
+    are config.paper.yaml's (tests/test_paper_settings.py)."""
+    import importlib
+
+    from xmc_steps import config
+
+    s = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "debtags")
+    drift = []
+    for dotted, cls in DEFAULTS_SECTIONS:
+        if isinstance(cls, str):
+            mod, name = cls.split(":")
+            cls = getattr(importlib.import_module(mod), name)
+        section = s
+        for part in dotted.split("."):
+            section = section[part]
+        drift += _drift(section, cls(), dotted)
+    assert not drift, "\n".join(drift)
+    assert EliasParams  # imported above; its section joins DEFAULTS_SECTIONS after the ELIAS rewrite

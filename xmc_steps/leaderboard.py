@@ -11,11 +11,18 @@ writes ``leaderboard.md`` and ``leaderboard.csv`` (one row per target: P@1/3/5, 
 PSP@1/3/5, R@10/20/100, training time, end-to-end prediction ms/document, model size, device and
 machine, each metric's gain over Parabel on the same data as X-Transformer's Table 6 gives it
 (``(ours - parabel) / parabel``), and the paper's P@1/3/5 for the same dataset and target with its
-source) and three figures: ``leaderboard.png`` (P@1/3/5 bars), ``leaderboard_recall.png``
+source, its note (e.g. another split) and whether the run used the paper's settings) and three figures: ``leaderboard.png`` (P@1/3/5 bars), ``leaderboard_recall.png``
 (recall@k for k = 1..100 of every target; targets evaluated before the curve was recorded show
 their R@10/20/100 points) and ``leaderboard_deciles.png`` (each target's recall@100 split over the
 label-frequency deciles, head first, ELIAS Fig. 5 right).  Rows are sorted by P@1, best first.
 With ``--tables`` it writes the cross-dataset table (one block per dataset, the main columns).
+
+The paper's settings (``--paper-config config.yaml config.paper.yaml``): a row with a paper figure is
+marked ``paper settings: yes`` only when its results file's effective settings are those of the two
+files merged for its dataset and method and config.paper.yaml has that method's section for the
+dataset (:func:`paper_settings`); otherwise ``no``, with the reason under the table, so that no
+paper figure stands unmarked beside a run of other settings (config.yaml's debtags-sized defaults,
+another encoder, an override).
 
 Run-to-run noise: with ``seeds: [0, 1, 2]`` in a dataset's settings, ``results/<dataset>/seeds/<method>.json``
 (rule ``seed_summary``, ``--summarise``) holds the target's metrics over its seed replicas
@@ -34,6 +41,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from . import io
+from . import config as xcfg
+from .layout import split_method
 from .papers import select_reported
 from .stage import StageError, add_common_args, cli_main, stage_run
 
@@ -54,8 +63,60 @@ def _machine(res: Mapping[str, Any]) -> str:
     return "CPU " + ", ".join(cpus) if cpus else str(res.get("device", ""))
 
 
-def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One leaderboard row per results document, best P@1 first; gains over Parabel where it ran."""
+#: the config.paper.yaml section of each method (a variant's is its method's)
+PAPER_SECTIONS = {"xtransformer": "xtransformer", "lightxml": "lightxml", "gudn": "gudn", "elias": "elias",
+                  "parabel": "parabel", "xr-linear": "xr_linear"}
+
+
+def _normal(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings as JSON has them (tuples as lists), less ``threads`` (the machine's, not the method's)."""
+    import json
+
+    return {k: v for k, v in json.loads(json.dumps(settings)).items() if k != "threads"}
+
+
+def _differences(got: Any, want: Any, where: str = "") -> list[str]:
+    if isinstance(got, dict) and isinstance(want, dict):
+        out = []
+        for k in sorted(set(got) | set(want)):
+            out += _differences(got.get(k), want.get(k), f"{where}.{k}" if where else k)
+        return out
+    return [] if got == want else [f"{where} {got!r} (paper: {want!r})"]
+
+
+def paper_settings(result: Mapping[str, Any], base: Mapping[str, Any], paper: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """Whether a results document ran the paper's settings: ``(True, None)``, or ``(False, why)``.
+
+    The paper's settings of a dataset and method are ``base`` (config.yaml) with ``paper``
+    (config.paper.yaml) merged in, as ``snakemake --configfile config.yaml config.paper.yaml`` runs
+    them; a dataset without the method's section in ``paper`` has none (the run would train with
+    config.yaml's defaults).  Compared: the results file's effective settings (``config.settings``,
+    :func:`xmc_steps.config.method_settings`) less ``threads``."""
+    dataset, method = result["dataset"], result["method"]
+    section = PAPER_SECTIONS.get(split_method(method)[0])
+    own = ((paper.get("datasets") or {}).get(dataset) or {})
+    if section is None or section not in own:
+        return False, f"config.paper.yaml has no {section or method} section for {dataset}: not the paper's settings"
+    got = (result.get("config") or {}).get("settings")
+    if not isinstance(got, Mapping):
+        return False, "the results file records no effective settings"
+    try:
+        want = xcfg.method_settings(xcfg.deep_merge(base, paper), dataset, method)
+    except (KeyError, TypeError, ValueError) as e:
+        return False, f"the paper's settings for {dataset} cannot be resolved: {e}"
+    diff = _differences(_normal(got), _normal(want))
+    diff.sort(key=lambda d: not d.startswith(section + "."))     # the method's own section first
+    if diff:
+        more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+        return False, "settings differ from config.yaml + config.paper.yaml: " + "; ".join(diff[:3]) + more
+    return True, None
+
+
+def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | None = None,
+            paper_config: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One leaderboard row per results document, best P@1 first; gains over Parabel where it ran; with
+    ``paper_config`` (config.yaml and config.paper.yaml, loaded), whether a row with a paper figure ran
+    the paper's settings (:func:`paper_settings`)."""
     results = list(results)
     base = next((r["metrics"] for r in results if r["method"] == BASELINE), None)
     rows = []
@@ -73,6 +134,10 @@ def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | 
         for k in ("p_at_1", "p_at_3", "p_at_5"):
             row[f"paper_{k}"] = paper.get(k)
         row["paper_source"] = paper.get("source")
+        row["paper_note"] = paper.get("note")
+        row["paper_settings"], row["paper_settings_why"] = None, None
+        if paper_config is not None and row["paper_p_at_1"] is not None:
+            row["paper_settings"], row["paper_settings_why"] = paper_settings(r, *paper_config)
         rows.append(row)
     rows.sort(key=lambda x: -x["p_at_1"])
     return rows
@@ -141,25 +206,36 @@ def _seed_cell(r: Mapping[str, Any]) -> str:
     return cell + (f" ≈ {r['within_noise_of']}" if r.get("within_noise_of") else "")
 
 
+def _settings_cell(r: Mapping[str, Any]) -> str:
+    ps = r.get("paper_settings")
+    cell = "-" if ps is None else "yes" if ps else "no"
+    return cell + (" *" if r.get("paper_note") else "")
+
+
 def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
     seeds = any(r.get("n_seeds") for r in rows)
+    marks = any(r.get("paper_settings") is not None or r.get("paper_note") for r in rows)
     cols = ["method"] + METRICS + (["seeds_p_at_1"] if seeds else []) + [
         "train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
-        "paper_p_at_3", "paper_p_at_5", "machine"]
+        "paper_p_at_3", "paper_p_at_5"] + (["paper_settings"] if marks else []) + ["machine"]
     names = {**HEAD, "method": "target", "train_time_s": "train s", "predict_ms_per_doc": "predict ms/doc",
              "model_size_mb": "model MB", "gain_p_at_1": "P@1 gain over Parabel %", "paper_p_at_1": "paper P@1",
              "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine",
-             "seeds_p_at_1": "P@1 over seeds (n); ≈ within noise of the row above"}
+             "seeds_p_at_1": "P@1 over seeds (n); ≈ within noise of the row above",
+             "paper_settings": "paper's settings (* another split)"}
     out = [f"# Leaderboard: {dataset}", "",
            "Metrics in percent on the test split, best P@1 first; 'paper' columns are the papers' own figures for this "
            "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data.", "",
            "| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join(_seed_cell(r) if c == "seeds_p_at_1" else
-                                     _fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
-    sources = sorted({(r["method"], r["paper_source"]) for r in rows if r["paper_source"]})
+        out.append("| " + " | ".join(_seed_cell(r) if c == "seeds_p_at_1" else _settings_cell(r) if c == "paper_settings"
+                                     else _fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
+    sources = sorted({(r["method"], r["paper_source"], r.get("paper_note"), r.get("paper_settings_why"))
+                      for r in rows if r["paper_source"]}, key=lambda x: x[0])
     if sources:
-        out += ["", "Papers' figures:"] + [f"- {m}: {s}" for m, s in sources]
+        out += ["", "Papers' figures (a paper's figure stands beside our run of the same target; 'paper's settings: no' "
+                "marks a run that did not use config.yaml + config.paper.yaml's settings for it):"]
+        out += [f"- {m}: {s}" + (f"; {n}" if n else "") + (f"; ours: {w}" if w else "") for m, s, n, w in sources]
     out += ["", "![P@k](leaderboard.png)", "![recall@k](leaderboard_recall.png)",
             "![decile-wise recall@100](leaderboard_deciles.png)", ""]
     return "\n".join(out)
@@ -228,16 +304,18 @@ def _finish(fig, ax, xlabel: str | None, ylabel: str, title: str, path: Path) ->
 
 def cross_dataset(tables: list[Path]) -> str:
     """The main columns of every dataset's leaderboard, one block per dataset."""
-    cols = ["method", "p_at_1", "p_at_3", "p_at_5", "recall_at_100", "gain_p_at_1", "paper_p_at_1", "train_time_s",
-            "machine"]
+    cols = ["method", "p_at_1", "p_at_3", "p_at_5", "recall_at_100", "gain_p_at_1", "paper_p_at_1", "paper_settings",
+            "train_time_s", "machine"]
     out = ["# Leaderboard: all datasets", ""]
     for t in sorted(tables):
         with open(t, encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         out += [f"## {t.parent.name}", "", "| target | P@1 | P@3 | P@5 | R@100 | P@1 gain over Parabel % | paper P@1 | "
-                "train s | machine |", "|" + "---|" * len(cols)]
+                "paper's settings (* another split) | train s | machine |", "|" + "---|" * len(cols)]
         for r in rows:
-            out.append("| " + " | ".join(_fmt(_num(r.get(c))) for c in cols) + " |")
+            r["paper_settings"] = {"True": True, "False": False}.get(r.get("paper_settings") or "")
+            out.append("| " + " | ".join(_settings_cell(r) if c == "paper_settings" else _fmt(_num(r.get(c)))
+                                         for c in cols) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -259,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--summarise", action="store_true", help="write the seed summary of the --seeds results files")
     p.add_argument("--out", required=True, help="leaderboard .md (the .csv and .png beside it)")
     p.add_argument("--reported", help="the papers' figures (workflow/reported.json)")
+    p.add_argument("--paper-config", nargs=2, metavar=("CONFIG", "PAPER"),
+                   help="config.yaml and config.paper.yaml: mark the rows whose settings are not the paper's")
     add_common_args(p)
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -291,7 +371,15 @@ def main(argv: list[str] | None = None) -> None:
             raise StageError("no results file to rank: evaluate a target first (results/<dataset>/<method>.json)")
         dataset = args.dataset or results[0]["dataset"]
         reported = io.read_json(args.reported) if args.reported else None
-        rows = add_seed_columns(rows_of(results, reported), [io.read_json(f) for f in args.seeds])
+        paper_config = None
+        if args.paper_config:
+            import yaml
+
+            try:
+                paper_config = tuple(yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {} for f in args.paper_config)
+            except (OSError, yaml.YAMLError) as e:
+                raise StageError(f"--paper-config {' '.join(args.paper_config)}: {e}") from e
+        rows = add_seed_columns(rows_of(results, reported, paper_config), [io.read_json(f) for f in args.seeds])
         io.write_text(out, markdown(dataset, rows))
         write_csv(str(stem) + ".csv", rows)
         plots(results, rows, stem, dataset)

@@ -72,13 +72,19 @@ CLI::
     python -m xmc_steps.xtransformer train --tfidf X_train.npz X_valid.npz \\
         [--emb emb_train.npz emb_valid.npz] --labels Y_train.npz Y_valid.npz \\
         --clusters clusters_train.npz clusters_valid.npz [--linear lin_train.npz lin_valid.npz] \\
-        --tree tree.npz --out DIR --params JSON
+        --tree tree.npz [--guard guard.json] --out DIR --params JSON
     python -m xmc_steps.xtransformer predict --model DIR --matcher-model model.safetensors \\
         --tfidf X_test.npz --emb emb_test.npz --clusters clusters_test.npz [--linear lin_test.npz] \\
         --out predictions.parquet --params JSON
     python -m xmc_steps.xtransformer select --tfidf X_train.npz X_valid.npz --emb ... --labels ... \\
         --clusters ... --linear ... --matcher-model model.safetensors --tree tree.npz \\
         --out-csv T.csv --out-md T.md --out-json T.json --params JSON
+
+``train --guard`` is the matcher's ``guard.json``: with ``candidates: matcher`` the rankers search
+the matcher's top-b alone, and the stage fails unless the matcher beat the trivial baselines on
+its own (:func:`xmc_steps.matcher.alone_failure`; a matcher trained with ``allow_weak`` only
+warns).  The matcher stage's guard also passes a matcher through the union with the linear tree,
+which that mode never searches.
 """
 
 from __future__ import annotations
@@ -268,6 +274,27 @@ def _load_candidates(args, n_rows: int, splits: str) -> sp.csr_matrix:
     return candidate_clusters(G, Lin, p.candidates, p.topb)
 
 
+def check_guard(guard_path: str | None, candidates: str, log) -> None:
+    """With ``candidates: matcher``, the matcher must have beaten the trivial baselines on its own
+    (its ``guard.json``, :func:`xmc_steps.matcher.alone_failure`): a ``StageError`` with the
+    numbers, or a warning when the matcher was trained with ``allow_weak``."""
+    if candidates != "matcher" or not guard_path:
+        return
+    from .matcher import alone_failure
+
+    try:
+        guard = io.read_json(guard_path)
+        why = alone_failure(guard)
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"cannot read the matcher's guard {guard_path}: {e}") from e
+    if why is None:
+        log.info("guard: the matcher beats the trivial baselines on its own (candidates: matcher)")
+    elif guard.get("allow_weak"):
+        log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", why)
+    else:
+        raise StageError(why)
+
+
 def _train_cli(args) -> None:
     out = Path(args.out)
     with stage_run("xtransformer_ranker", args, outputs=[str(out)]) as st:
@@ -281,6 +308,7 @@ def _train_cli(args) -> None:
             C = ClusterTree.load(args.tree).label_to_cluster(-1)
         if X.shape[0] != Y.shape[0]:
             raise StageError(f"row counts differ: TF-IDF {X.shape[0]}, labels {Y.shape[0]}")
+        check_guard(args.guard, p.candidates, st.log)
         M_hat = _load_candidates(args, X.shape[0], "the training splits")
         if M_hat.shape[1] != C.shape[1]:
             raise StageError(f"the candidate clusters have {M_hat.shape[1]} columns but the tree's finest level has {C.shape[1]}")
@@ -440,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--clusters", nargs="+", default=None, help="the matcher's top-b cluster scores (MAN)")
     t.add_argument("--linear", nargs="+", default=None, help="the linear tree's top-b clusters (MAN of the union)")
     t.add_argument("--tree", required=True, help="cluster tree; its finest level is the matcher's K clusters")
+    t.add_argument("--guard", default=None, help="the matcher's guard.json: with candidates: matcher, the matcher "
+                                                 "must beat the trivial baselines on its own")
     t.add_argument("--out", required=True)
     q = add_common_args(sub.add_parser("predict", help="Eq. 2 scores of the test documents"))
     q.add_argument("--model", required=True)

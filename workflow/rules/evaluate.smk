@@ -141,6 +141,8 @@ rule leaderboard:
         # the results are not inputs: a leaderboard ranks what has run and never asks for a method to
         # be (re)trained; `params.results` (their paths and times) reruns it when one changes or appears
         reported=os.path.join(workflow.basedir, "workflow", "reported.json"),
+        # the papers' settings (config.yaml + config.paper.yaml): a paper figure beside a run of other settings is marked
+        paper_config=[os.path.join(workflow.basedir, f) for f in ("config.yaml", "config.paper.yaml")],
     output:
         md=report(R(lay.LEADERBOARD) + ".md", category="{dataset}", subcategory="leaderboard",
                   labels={"dataset": "{dataset}", "method": "leaderboard", "file": "table (Markdown)"}),
@@ -164,7 +166,8 @@ rule leaderboard:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} --out {output.md} "
+        "{PY} -m xmc_steps.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} "
+        "--paper-config {input.paper_config:q} --out {output.md} "
         + STAGE_ARGS
 
 

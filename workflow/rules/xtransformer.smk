@@ -161,6 +161,7 @@ rule xtransformer_ranker:
         clusters=xt_fit("clusters"),
         linear=xt_fit("linear"),
         tree=R(lay.TREE) + ".npz",
+        guard=R(lay.XT_MATCHER) + "/guard.json",   # candidates matcher: the matcher must beat the baselines alone
     output:
         model=directory(R(lay.XT_RANKER) + "/model"),
         record=R(lay.XT_RANKER) + "/train.record.json",
@@ -178,8 +179,8 @@ rule xtransformer_ranker:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
-        "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --out {output.model} "
-        "--method xtransformer --threads {threads} " + STAGE_ARGS
+        "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --guard {input.guard} "
+        "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 rule xtransformer_predict:

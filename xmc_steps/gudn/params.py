@@ -14,6 +14,8 @@ FEATURE_WEIGHTS = ("fixed", "balanced", "gated")
 
 @dataclass
 class GUDNParams(Params):
+    """The defaults are config.yaml's ``gudn`` section (tests/test_params.py keeps them equal)."""
+
     backbone: LightXMLParams = field(default_factory=lambda: LightXMLParams(last_k=10))
     feature_guide: bool = True        # Eq. 2: text features towards their label sequence's features
     link_guide: bool = True           # Eq. 3: the labels predicted from the label features
@@ -21,9 +23,11 @@ class GUDNParams(Params):
                                       # paper: Eq. 2 as written (squared distance / 2, mean over texts) |
                                       # relative: Eq. 2's squared distances over the batch's spread (ours);
                                       # see the package docstring for what each does
-    feature_weight: str = "fixed"     # fixed: Eq. 6 as written (weight 1) | balanced (ours): at each step at most
-                                      # the weight that makes the guide's gradient on the text features as large
-                                      # as the classification loss's (xmc_steps.gudn.loss.balanced_weight)
+    feature_weight: str = "gated"     # fixed: Eq. 6 as written (weight 1, config.paper.yaml) | gated (ours, config.yaml):
+                                      # 1 or 0, decided on the start's model (xmc_steps.gudn.loss.gate_ratio) |
+                                      # balanced (ours): at each step at most the weight that makes the guide's gradient
+                                      # on the text features as large as the classification loss's
+                                      # (xmc_steps.gudn.loss.balanced_weight)
     label_max_length: int = 32        # tokens of a text's label sequence
     label_separator: str = "; "       # between the label texts of one sequence
 
