@@ -2,7 +2,8 @@
 code at an earlier git revision, in one run (compare the ratios; the machine is shared):
 
     python bench/bench_predict.py [--dataset yso50k] [--docs 2000] [--baseline REV] [--threads 1] \
-        [--pecos ~/pecos-venv/bin/python] [--batch-sizes 1 256] [--docs-batch1 200]
+        [--pecos ~/pecos-venv/bin/python] [--batch-sizes 1 256] [--docs-batch1 200] \
+        [--elias-parts [--elias-K 2000] [--elias-batch 64]]
 
 Times, on the first ``--docs`` test documents: xr-linear's beam search
 (``results/<d>/xr-linear/model``) and the X-Transformer rankers' Eq. 2 over the union
@@ -18,7 +19,9 @@ X-Transformer rankers, the matcher's encoder pass over the test tokens (the onli
 X-Transformer), and ELIAS (encoder + index + classifier, ``results/<d>/elias/*/*/stage2``);
 each with the batch's ms/document.  ``--pecos PYTHON`` also runs ``bench/pecos_reference.py``
 (the reference library's XR-Linear, fit on the same features) with that interpreter and prints
-xr-linear's ms/document ratio against it.
+xr-linear's ms/document ratio against it.  ``--elias-parts`` times ELIAS++ (the first
+``elias/*/*/stage2`` model, its ``plus/`` ranker and calibration) by parts: the encoder, the index
+(Eqs. 1-6), the classifier on the K shortlisted labels and the ELIAS++ ranker on the top 100.
 """
 
 from __future__ import annotations
@@ -125,6 +128,63 @@ def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
         yield "elias (encoder + index + classifier)", el
 
 
+def _elias_parts(root: Path, n: int, K: int | None, batch: int) -> dict | None:
+    """ELIAS++ on the first ``n`` test documents in batches of ``batch``, timed by parts: the encoder
+    (phi(x)), the index (Eqs. 1-6: cluster scores, beam, paths, top-K), the classifier (``w_l^T phi`` on
+    the K shortlisted labels), and the ELIAS++ ranker with its calibration on the top 100."""
+    import numpy as np
+    import scipy.sparse as sp
+    import torch
+
+    from xmc_steps import elias, elias_plus, io, neural
+    from xmc_steps.ranker import ranker_features
+    from xmc_steps.search import padded_to_csr
+
+    stage2 = sorted(root.glob("elias/*/*/stage2/model.safetensors"))
+    if not stage2:
+        return None
+    folder = stage2[0].parent
+    model = elias.load_elias(folder).eval()
+    plus = folder.parent / "plus"
+    W, meta = elias_plus.load_ranker(plus / "ranker")
+    p = elias_plus.EliasPlusParams.from_dict(elias_plus.EliasPlusParams.upgrade(meta["params"]))
+    tree = io.load_arrays(plus / "calibration" / "calibration.npz") if (plus / "calibration").is_dir() else None
+    freq = elias_plus.label_train_freq(plus / "ranker") if tree is not None else None
+    maxlen = folder.parent.name.rsplit("-", 1)[-1]
+    t = neural.TokenData.load(next(root.glob(f"features/tokens/*-{maxlen}/tokens_test.npz")))
+    X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[:n]
+    K_eff = min(int(K or model.K), model.n_labels)
+    secs = dict.fromkeys(("encoder", "index", "classifier", "ranker"), 0.0)
+    n = min(n, len(t))
+    with torch.no_grad():
+        for a in range(0, n, batch):
+            b = min(n, a + batch)
+            ids, mask = neural.TokenData(t.input_ids[a:b], t.lengths[a:b]).batch(np.arange(b - a))
+            t0 = time.perf_counter()
+            emb = model.encode(ids, mask).float()
+            t1 = time.perf_counter()
+            out = model._shortlist(emb, K=K_eff)          # the index and the classifier together
+            t2 = time.perf_counter()
+            lab0 = out.labels.clamp(min=0)                 # the classifier alone, timed again
+            z = torch.bmm(model.wl[lab0], emb.unsqueeze(-1)).squeeze(-1)
+            torch.sigmoid(z) * out.yhat
+            t3 = time.perf_counter()
+            labels = out.labels.numpy()
+            pv, pi = torch.topk(out.p.masked_fill(out.labels < 0, -1.0), min(100, K_eff), dim=1)
+            P = padded_to_csr(np.take_along_axis(labels, pi.numpy(), 1), pv.numpy(), model.n_labels)
+            Xr = ranker_features(X[a:b], emb.numpy(), "tfidf+neural", p.neural_weight)
+            elias_plus.plus_scores(Xr, W, elias_plus.candidates(P, p.n_candidates), p, tree, freq)
+            t4 = time.perf_counter()
+            secs["encoder"] += t1 - t0
+            secs["classifier"] += t3 - t2
+            secs["index"] += (t2 - t1) - (t3 - t2)
+            secs["ranker"] += t4 - t3
+    ms = {k: round(1000 * v / n, 3) for k, v in secs.items()}
+    return {"dataset": root.name, "model": "elias++ by parts", "docs": n, "batch": batch, "K": K_eff,
+            "C": model.n_clusters, "L": model.n_labels, "b": model.b, "kappa": model.kappa,
+            "threads": torch.get_num_threads(), "ms_per_doc": ms, "total_ms_per_doc": round(sum(ms.values()), 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="yso50k")
@@ -135,6 +195,10 @@ def main() -> None:
     ap.add_argument("--pecos", default=None, help="python of a virtual environment with libpecos==1.2.8")
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=[], help="also time each method on batches of this size")
     ap.add_argument("--docs-batch1", type=int, default=200, help="documents timed at batch size 1")
+    ap.add_argument("--elias-parts", action="store_true",
+                    help="also time ELIAS++ by parts (encoder, index, classifier, ranker) on the first --docs documents")
+    ap.add_argument("--elias-K", type=int, default=None, help="the shortlist size for --elias-parts (default: as trained)")
+    ap.add_argument("--elias-batch", type=int, default=64, help="documents per batch for --elias-parts")
     a = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(v, str(a.threads))
@@ -188,6 +252,13 @@ def main() -> None:
             s = time.perf_counter() - t0
             print(json.dumps({"dataset": a.dataset, "model": name, "batch": b, "docs": n_docs, "seconds": round(s, 3),
                               "ms_per_doc": round(1000 * s / n_docs, 3)}), flush=True)
+    if a.elias_parts:
+        import torch
+
+        torch.set_num_threads(a.threads)
+        parts = _elias_parts(root, a.docs, a.elias_K, a.elias_batch)
+        print(json.dumps(parts if parts else {"dataset": a.dataset, "model": "elias++ by parts",
+                                              "error": "no trained ELIAS stage 2 under " + str(root)}), flush=True)
     if a.pecos:
         r = subprocess.run([a.pecos, str(ROOT / "bench" / "pecos_reference.py"), "--results", a.results, "--dataset",
                             a.dataset, "--docs", str(a.docs), "--threads", str(a.threads)],

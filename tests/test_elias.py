@@ -8,6 +8,7 @@ import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import elias, io, neural
+from xmc_steps.baselines import most_frequent_top, recall_of_top
 from xmc_steps.elias import train as elias_train
 from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
@@ -191,11 +192,19 @@ def test_params_defaults_and_unknown_keys():
     with pytest.raises(ValueError, match="lr_encoder, lr_clf, lr_A"):
         elias.EliasParams.from_dict({"train": {"lr": 0.1}})
     p1 = elias.EliasParams.from_dict({"train": {"batch_size": 10}}).resolved(1, n_train=100, n_labels=1000, n_clusters=10)
-    assert (p1.alpha, p1.beta, p1.b, p1.K, p1.kappa, p1.lambda_) == (10.0, 100.0, 10, 1000, 1000, 0.0)
+    # K = clip(L / 10, 200, 2000); b: the fewest of the C clusters (L / C = 100 labels each) covering 2 K labels
+    assert (p1.alpha, p1.beta, p1.b, p1.K, p1.kappa, p1.lambda_) == (10.0, 100.0, 4, 200, 1000, 0.0)
     assert p1.train.steps == 150 and p1.lr_clf == 1e-2 and p1.lr_encoder == 1e-4   # 15 epochs of 100 at batch 10
-    assert p1.train.warmup_steps == 100 and p1.train.checkpoint_every == 500         # the ELIAS defaults kept
+    assert p1.train.warmup_steps == 15 and p1.train.checkpoint_every == 500         # warm-up: a tenth of the steps
+    assert p1.eval_every == 15                                                      # ten validation points
     p2 = elias.EliasParams(train=TrainParams(steps=7, lr=None), lr_A=0.1).resolved(2, 100, 100_000, 1000)
-    assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.train.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 20, 2000)
+    assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.train.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 40, 2000)
+    # the paper's sizes (b 20, K 2000 at 100 labels per cluster) are coverage 1
+    p3 = elias.EliasParams(coverage=1.0, train=TrainParams(steps=7, lr=None)).resolved(1, 100, 500_000, 5000)
+    assert (p3.b, p3.K, p3.kappa, p3.beta) == (20, 2000, 1000, 100.0)
+    # a small label space: K at least 200 (at most L), the beam at most every cluster
+    p4 = elias.EliasParams(train=TrainParams(steps=7, lr=None)).resolved(1, 100, 150, 64)
+    assert (p4.b, p4.K) == (64, 150)
     q = elias.EliasParams.from_dict(json.loads(json.dumps(p2.to_dict())))
     assert q == p2
 
@@ -306,7 +315,10 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
         return io.read_json(out / "record.json")
 
     o1, o2 = tmp_path / "s1", tmp_path / "s2"
-    r1 = train(1, o1, {**common, "train": recipe, "lr_encoder": 2e-3, "lr_clf": 3e-2}, ["--tree", str(d / "tree.npz")])
+    # stage 1's beam of 1 cluster reaches half the positives at most, as many as the most frequent labels:
+    # the guard would stop it (allow_weak lets it go on); stage 2 must pass the guard by itself
+    r1 = train(1, o1, {**common, "train": recipe, "lr_encoder": 2e-3, "lr_clf": 3e-2, "allow_weak": True},
+               ["--tree", str(d / "tree.npz")])
     r2 = train(2, o2, {**common, "train": recipe, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
                ["--init", str(o1)])
     for o in (o1, o2):
@@ -322,6 +334,11 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     rec1, rec2 = r1["metrics"]["valid_shortlist_recall"], r2["metrics"]["valid_shortlist_recall"]
     assert rec1 <= 0.5 + 1e-6
     assert rec2 >= rec1, (rec1, rec2)
+    g1, g2 = io.read_json(o1 / "guard.json"), io.read_json(o2 / "guard.json")
+    assert g1["passed"] is False and g1["allow_weak"] is True and g1["baselines"]["most_frequent"] == pytest.approx(0.5)
+    assert g2["passed"] is True and g2["stage1_shortlist_recall"] == pytest.approx(g1["shortlist_recall"])
+    assert g2["shortlist_recall"] > g2["baselines"]["most_frequent"]
+    assert "0" in g1["curve"] and (o1 / "curve.png").stat().st_size > 0 and (o2 / "curve.png").stat().st_size > 0
 
     pred, emb, sl = tmp_path / "pred.parquet", tmp_path / "emb.npz", tmp_path / "sl.parquet"
     argv = ["predict", "--model", str(o2), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
@@ -350,3 +367,101 @@ def test_cli_rejects_bad_inputs(tiny, tmp_path, capsys):
     argv[-2] = json.dumps({"encoder": tiny, "stepz": 1})
     assert cli_main(elias.main, argv + ["--tree", str(d / "tree.npz")]) == 2
     assert "unknown ELIAS parameter" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- learning at C >= 1,000
+
+
+class _BagEncoder(torch.nn.Module):
+    """A text encoder small enough to train many steps in a unit test: the mean of learnable token vectors."""
+
+    def __init__(self, vocab: int, dim: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = torch.nn.Embedding(vocab, dim)
+        with torch.no_grad():
+            self.emb.weight.copy_(torch.randn(vocab, dim, generator=g))
+        self.dim = dim
+
+    def forward(self, input_ids, attention_mask):
+        m = attention_mask.unsqueeze(-1).float()
+        return (self.emb(input_ids) * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def _topic_data(n_docs: int, n_labels: int, width: int = 8, seed: int = 0):
+    """Each document has one label; its text is the label's own word (id 1000 + label) three times
+    among background words (ids 1..999): learnable structure, nothing else."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_labels, n_docs)
+    ids = rng.integers(1, 1000, size=(n_docs, width))
+    for j in range(3):
+        ids[np.arange(n_docs), rng.integers(0, width, n_docs)] = 1000 + labels
+    Y = sp.csr_matrix((np.ones(n_docs, np.float32), labels, np.arange(n_docs + 1)), shape=(n_docs, n_labels))
+    return neural.TokenData(ids.astype(np.int32), np.full(n_docs, width, np.int32)), Y
+
+
+@pytest.mark.parametrize("head_init", ["linear", "random"])
+def test_stage1_learns_at_a_thousand_clusters(head_init, tmp_path):
+    """C = 1,024 clusters of 2 labels (L = 2,048): a few hundred steps lift the valid shortlist recall far
+    above the most frequent labels', from either start; the least-squares start is above them at step 0."""
+    torch.manual_seed(0)
+    C, L = 1024, 2048
+    tokens, Y = _topic_data(12_288, L)
+    vt, vY = _topic_data(1024, L, seed=1)
+    p = elias.EliasParams(train=_train(steps=300, batch_size=64, warmup_steps=10, checkpoint_every=0),
+                          lr_encoder=1e-2, eval_every=300, device="cpu", amp="off").resolved(1, len(tokens), L, C)
+    assert (p.K, p.b) == (205, 205)                     # K = clip(L / 10, 200, 2000), b L / C >= 2 K
+    index, value = elias.adjacency_from_assignment(np.arange(L) // 2, C)
+    model = elias.EliasModel(_BagEncoder(1000 + L, 64), C, L, index.shape[1], b=p.b, K=p.K, fixed_edges=True)
+    model.set_adjacency(index, value)
+    if head_init == "linear":
+        emb = neural.embed(model.encoder, tokens, 512, "cpu", "off", progress=None)
+        elias.linear_start(model, emb, Y, p.head_init_l2, p.head_init_scale)
+    seen = {}
+    elias_train.train_elias(model, tokens, Y, p, None, on_step=lambda s, logs: seen.update({s: logs}),
+                            valid=(vt, vY))
+    w = elias.guard_width(p.K, L)
+    prior = recall_of_top(most_frequent_top(Y, len(vt), w), vY)
+    start, end = seen[0]["valid_shortlist_recall"], seen[300]["valid_shortlist_recall"]
+    assert prior < 0.15
+    assert end > 0.8 and end > 5 * prior, (prior, start, end)
+    if head_init == "linear":
+        assert start > 2 * prior, (prior, start)
+
+
+def test_headline_overlay_has_the_papers_wiki500k_index_sizes():
+    """bench/headline.yaml runs the headline on synthetic data with config.paper.yaml's Wiki-500K index."""
+    import yaml
+
+    from conftest import ROOT
+
+    paper = yaml.safe_load((ROOT / "config.paper.yaml").read_text())["datasets"]["wiki500k"]["elias"]
+    head = yaml.safe_load((ROOT / "bench" / "headline.yaml").read_text())["datasets"]["wiki500k"]["elias"]
+    assert head["cluster"] == paper["cluster"] and head["index"] == paper["index"]
+    assert (paper["index"]["b"], paper["index"]["K"]) == (20, 2000)            # ELIAS §4
+    p = elias.EliasParams.from_dict({k: v for k, v in paper["index"].items()}).resolved(1, 100, 501_070, 4096)
+    assert (p.b, p.K, p.kappa, round(p.beta)) == (20, 2000, 1224, 122)       # kappa 10 L / C, beta L / C (§3.4, §3.2)
+
+
+def test_guard_against_hand_numbers():
+    """The guard's baselines and verdicts on a hand-made case: 4 labels in 2 clusters ({0, 1}, {2, 3})."""
+    Y_train = sp.csr_matrix(np.array([[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32))
+    Y_valid = sp.csr_matrix(np.array([[0, 0, 1, 0], [0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32))
+    # the linear tree's beam: cluster 1 first for rows 0, 1; cluster 0 for row 2 (width 2: one whole cluster)
+    beam = sp.csr_matrix(np.array([[0.2, 0.9], [0.1, 0.8], [0.7, 0.3], [0.5, 0.5]], np.float32))
+    idx = elias.guard.index_candidates(beam, np.array([0, 0, 1, 1]), 2)
+    assert [sorted(idx[i].indices.tolist()) for i in range(3)] == [[2, 3], [2, 3], [0, 1]]
+    shortlist = sp.csr_matrix(np.array([[0, 0, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]], np.float32))
+    rep, rows = elias.check_stage(1, shortlist, Y_valid, Y_train, K=2, linear_valid=idx)
+    assert rep.width == 2 and np.isnan(rows[3]) and rows[:3].tolist() == [1.0, 0.0, 1.0]
+    # most frequent: labels 0 and 1 (2 and 1 training documents) -> recall 1/3 over the 3 rows with a positive
+    assert rep.baselines == {"most_frequent": pytest.approx(1 / 3), "linear_tree": pytest.approx(1.0)}
+    assert rep.shortlist == pytest.approx(2 / 3) and not rep.passed and "linear_tree 1.0000" in rep.message()
+    # one document of three lost against stage 1 is within the noise: the paired difference (0, -1, 0) has
+    # two standard errors of 2 * 0.577 / sqrt(3) = 0.667, more than the mean's 1/3
+    rep2, _ = elias.check_stage(2, shortlist, Y_valid, Y_train, K=2, previous_rows=np.array([1.0, 1.0, 1.0, np.nan]))
+    assert rep2.previous == pytest.approx(1.0) and rep2.noise == pytest.approx(2 * np.sqrt(1 / 3) / np.sqrt(3))
+    assert rep2.keeps_stage1 and rep2.beats_baselines and rep2.passed
+    # every document 0.5 below stage 1: no noise in the difference, a clear fall
+    rep3, _ = elias.check_stage(2, shortlist, Y_valid, Y_train, K=2, previous_rows=np.array([1.5, 0.5, 1.5, np.nan]))
+    assert not rep3.keeps_stage1 and "fell below stage 1" in rep3.message()

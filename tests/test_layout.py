@@ -50,7 +50,7 @@ def test_helpers_are_the_patterns_filled():
     assert layout.tokens_dir("r", "d", "minilm", 64) == "r/d/features/tokens/minilm-64"
     assert layout.tree_path("r", "d", "pifa-tfidf", s["cluster"]) == "r/d/index/pifa-tfidf/tree-b16-l100-s0.npz"
     el = layout.elias_dir("r", "d", s, 0)
-    assert el == "r/d/elias/tree-b16-l10-s0/minilm-64"
+    assert el == "r/d/elias/tree-b16-l100-c64-s0/minilm-64"
     assert layout.elias_predictions("r", "d", s, "stage2") == el + "/stage2/pred_test.parquet"
     assert layout.elias_predictions("r", "d", s, "ranker") == el + "/plus/predictions_test_uncalibrated.parquet"
     assert layout.elias_predictions("r", "d", s, None) == el + "/plus/predictions_test_calibrated.parquet"

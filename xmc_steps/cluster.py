@@ -5,7 +5,7 @@ tree layout).
 CLI::
 
     python -m xmc_steps.cluster --label-emb label_emb.npz --out tree.npz \
-        --branching 16 --leaf-size 100 --seed 0 --max-iter 20 [common args, e.g. --threads N]
+        --branching 16 --leaf-size 100 [--min-leaves 64] --seed 0 --max-iter 20 [common args, e.g. --threads N]
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="cluster tree (.npz)")
     p.add_argument("--branching", type=int, default=16, help="branching factor B (power of 2)")
     p.add_argument("--leaf-size", type=int, default=100, help="max labels per leaf cluster")
+    p.add_argument("--min-leaves", type=int, default=1, help="at least this many leaf clusters (a floor for small L)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-iter", type=int, default=20, help="2-means iterations per node")
     add_common_args(p)
     args = p.parse_args(argv)
     with stage_run("cluster", args, outputs=[args.out]) as st:
-        # --params keys (branching, leaf_size, seed, max_iter, threads) override the flags
-        cfg = {"branching": args.branching, "leaf_size": args.leaf_size, "seed": args.seed,
-               "max_iter": args.max_iter, "threads": 1}
+        # --params keys (branching, leaf_size, min_leaves, seed, max_iter, threads) override the flags
+        cfg = {"branching": args.branching, "leaf_size": args.leaf_size, "min_leaves": args.min_leaves,
+               "seed": args.seed, "max_iter": args.max_iter, "threads": 1}
         unknown = set(st.params) - set(cfg)
         if unknown:
             raise StageError(f"unknown cluster parameter(s): {sorted(unknown)}")
@@ -41,12 +42,13 @@ def main(argv: list[str] | None = None) -> None:
         emb = io.load_csr(args.label_emb)
         st.log.info("clustering %d labels (dim %d, nnz %d): %s", emb.shape[0], emb.shape[1], emb.nnz, cfg)
         try:
-            tree_levels(emb.shape[0], int(cfg["branching"]), int(cfg["leaf_size"]))
+            tree_levels(emb.shape[0], int(cfg["branching"]), int(cfg["leaf_size"]), int(cfg["min_leaves"]))
         except ValueError as e:
             raise StageError(str(e)) from e
         with st.timed("cluster"):
             tree = hierarchical_kmeans(emb, int(cfg["branching"]), int(cfg["leaf_size"]), int(cfg["seed"]),
-                                       int(cfg["max_iter"]), int(cfg["threads"]), progress=st.log.info)
+                                       int(cfg["max_iter"]), int(cfg["threads"]), progress=st.log.info,
+                                       min_leaves=int(cfg["min_leaves"]))
         sizes = tree.cluster_sizes(-1)
         st.log.info("tree levels %s; finest clusters: %d, sizes %d..%d",
                     tree.level_sizes, len(sizes), sizes.min(), sizes.max())

@@ -250,13 +250,21 @@ def balanced_2means(E: sp.csr_matrix, rng: np.random.Generator, max_iter: int = 
     return side
 
 
-def tree_levels(n_labels: int, branching: int, leaf_size: int) -> tuple[int, list[int]]:
-    """Binary depth ``D`` and the binary levels kept for a ``branching``-ary tree (ascending)."""
+def tree_levels(n_labels: int, branching: int, leaf_size: int, min_leaves: int = 1) -> tuple[int, list[int]]:
+    """Binary depth ``D`` and the binary levels kept for a ``branching``-ary tree (ascending).
+
+    ``min_leaves``: a floor on the finest level's cluster count, ``D >= ceil(log2(min_leaves))``
+    (never deeper than one label per leaf): a small label space keeps that many clusters where
+    ``leaf_size`` alone would give it a handful (ELIAS's ``cluster.min_clusters``)."""
     if branching < 2 or branching & (branching - 1):
         raise ValueError(f"branching factor must be a power of 2 (>= 2), got {branching}")
     if leaf_size < 1:
         raise ValueError(f"leaf size must be >= 1, got {leaf_size}")
+    if min_leaves < 1:
+        raise ValueError(f"the minimum number of leaf clusters must be >= 1, got {min_leaves}")
     D = max(1, math.ceil(math.log2(max(n_labels, 1) / leaf_size))) if n_labels > leaf_size else 1
+    if min_leaves > 1:
+        D = max(D, min(math.ceil(math.log2(min_leaves)), max(1, math.floor(math.log2(max(n_labels, 2))))))
     k = int(round(math.log2(branching)))
     levels = sorted(lv for lv in range(D, 0, -k))
     return D, levels
@@ -270,13 +278,15 @@ def hierarchical_kmeans(
     max_iter: int = 20,
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
+    min_leaves: int = 1,
 ) -> ClusterTree:
-    """Balanced hierarchical spherical k-means over the rows of ``emb`` (``L x d``)."""
+    """Balanced hierarchical spherical k-means over the rows of ``emb`` (``L x d``); at least
+    ``min_leaves`` finest clusters (:func:`tree_levels`)."""
     emb = sp.csr_matrix(emb, dtype=np.float32)
     L = emb.shape[0]
     if L < 1:
         raise ValueError("no labels to cluster")
-    D, keep = tree_levels(L, branching, leaf_size)
+    D, keep = tree_levels(L, branching, leaf_size, min_leaves)
     codes = np.zeros(L, dtype=np.int64)
     kept: dict[int, np.ndarray] = {}
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None

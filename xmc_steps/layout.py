@@ -10,7 +10,7 @@ computed once and reused across methods and variants:
 * ``INGEST`` (``docs_{split}.parquet``, ``Y_{split}.npz``, ``labels.parquet``), ``TFIDF`` (``X_{split}.npz``)
 * ``TOKENS`` ``features/tokens/{enc}-{maxlen}/tokens_{split}.npz``; ``PRETRAINED`` embeddings
 * ``INDEX`` ``index/{emb}/label_emb.npz`` with ``emb`` = ``pifa-tfidf``, ``pifa-neural__{enc}``
-  or ``text-emb__{enc}``; ``TREE`` ``index/{emb}/tree-b{branching}-l{leaf_size}-s{seed}`` (``.npz``)
+  or ``text-emb__{enc}``; ``TREE`` ``index/{emb}/tree-b{branching}-l{leaf_size}[-c{min_clusters}]-s{seed}`` (``.npz``)
 * ``XR_LINEAR``, ``PARABEL``: the linear baselines' ``model/`` and ``predictions_test.parquet``
 * an X-Transformer member (one indexing x one encoder): ``XT_MATCHER``, ``XT_RANKER``
   (``ranker-{rin}-{neg}-{cand}/model/``), ``XT_PREDICT`` (``.../{comb}/predictions_test.parquet``);
@@ -96,8 +96,21 @@ def emb_name(indexing: str, enc: str) -> str:
 
 
 def tree_name(cluster: Mapping[str, Any], seed: int | None = None) -> str:
+    """``tree-b{branching}-l{leaf_size}[-c{min_clusters}]-s{seed}``: ``-c`` only when a floor on the
+    cluster count is set (``min_clusters`` > 1, ELIAS), so the other methods' trees keep their names."""
     seed = cluster.get("seed", 0) if seed is None else seed
-    return f"tree-b{cluster['branching']}-l{cluster['leaf_size']}-s{seed}"
+    return f"tree-b{cluster['branching']}-l{cluster['leaf_size']}{tree_floor(cluster)}-s{seed}"
+
+
+def tree_floor(cluster: Mapping[str, Any]) -> str:
+    """The ``-c{min_clusters}`` part of a tree's name ('' without a floor)."""
+    m = int(cluster.get("min_clusters") or 1)
+    return f"-c{m}" if m > 1 else ""
+
+
+def min_leaves(floor: str) -> int:
+    """The floor a tree name's ``-c{n}`` part (:func:`tree_floor`) states: ``n``, or 1 for ''."""
+    return int(floor[2:]) if floor else 1
 
 
 def tokens_dir(res: str, dataset: str, enc: str, max_length: int) -> str:

@@ -90,7 +90,11 @@ passes when it beats both; or, an addition (the rankers search the union of both
 ``candidates: union``), when it beats the most frequent clusters and its top-b together
 with the tree's top-b reach a higher recall than the tree's own top clusters, as many per
 document as that union holds (the tree's list carries 2b clusters for this): it then finds
-clusters the tree would not, whatever it scores at b alone.  A matcher that fails fails the
+clusters the tree would not, whatever it scores at b alone.  That second way counts only where
+the rankers search the union: rankers with ``candidates: matcher`` (the paper's Eq. 2, as in
+config.paper.yaml and the paper-candidates variant) search the matcher's top-b alone, and their
+stage (``xmc_steps.xtransformer train --guard``) fails unless the matcher beat both baselines on
+its own (``passed_alone`` in guard.json, :func:`alone_failure`).  A matcher that fails fails the
 stage with the numbers and the settings to change, unless ``allow_weak``; the trained
 weights stay in the checkpoint folder, so the rerun with ``allow_weak: true`` (or more
 epochs) does not start over.  Why the second test: the English MiniLM's head alone on
@@ -166,6 +170,8 @@ from .linear_start import least_squares_head
 from .negatives import binarize
 from .neural_stage import (load_tokens, load_trained, record_training, remove_checkpoints, save_trained,
                            stage_params, training_device)
+from .baselines import most_frequent_top, recall_of_top
+from .curves import CurveLog, plot_curve
 from .params import Params
 from .search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from .stage import StageError, add_common_args, cli_main, stage_run
@@ -179,8 +185,10 @@ HEAD_INITS = ("random", "linear")
 SCORERS = ("head", "head+linear")
 
 
-#: the matcher's training recipe unless the configuration says otherwise
-TRAIN_DEFAULTS = {"epochs": 1.0, "lr": 5e-5, "warmup": 0.1, "length_bucket": 50, "checkpoint_every": 500}
+#: the matcher's training recipe unless the configuration says otherwise: config.yaml's
+#: ``xtransformer.matcher.train`` (tests/test_params.py keeps the two equal), and ``length_bucket``,
+#: which config.yaml leaves to this default (config.paper.yaml: 0, the paper's random batches)
+TRAIN_DEFAULTS = {"epochs": 5.0, "lr": 1e-4, "warmup": 0.1, "length_bucket": 50, "checkpoint_every": 200}
 #: keys of the earlier flat layout, now under ``train`` (an error naming the new key)
 TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_accum", "lr", "warmup", "warmup_steps",
                                          "weight_decay", "max_grad_norm", "length_bucket", "checkpoint_every",
@@ -195,7 +203,7 @@ class MatcherParams(Params):
     max_length: int | None = None   # must equal the tokens' width; None: take it from the tokens
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # lr: the encoder's
     lr_head: float | None = None    # head learning rate (None: train.lr)
-    head_init: str = "random"       # random: N(0, 0.02) (the paper); linear: least-squares fit of Eq. 3 on the pre-trained encoder
+    head_init: str = "linear"       # linear: least-squares fit of Eq. 3 on the pre-trained encoder; random: N(0, 0.02) (the paper)
     head_init_l2: float = 0.001     # ridge of the least-squares heads, relative to the mean eigenvalue of Phi^T Phi
     head_refit: bool = True         # after training, re-fit the head by least squares; kept if better on valid
     scorer: str = "head"            # head: Eq. 3's g (the paper); head+linear: mean of T(g) and the linear
@@ -385,28 +393,10 @@ def top1_precision(scores: sp.csr_matrix, M: sp.spmatrix) -> float:
     return float(_is_positive(M, np.arange(n), top).mean())
 
 
-def cluster_recall(top: sp.spmatrix, M: sp.spmatrix) -> float:
-    """Recall of a top-b cluster matrix against ``M``: the share of a document's positive
-    clusters found among its stored entries, averaged over documents with a positive cluster."""
-    T = binarize(top)
-    Mb = binarize(M)
-    if T.shape != Mb.shape:
-        raise ValueError(f"top-b matrix {T.shape} and targets {Mb.shape} differ in shape")
-    hits = np.asarray(T.multiply(Mb).sum(axis=1)).ravel()
-    npos = np.asarray(Mb.sum(axis=1)).ravel()
-    ok = npos > 0
-    return float(np.mean(hits[ok] / npos[ok])) if ok.any() else 0.0
-
-
-def frequency_topb(M_train: sp.spmatrix, n_rows: int, b: int) -> sp.csr_matrix:
-    """The trivial matcher: the ``b`` clusters with most training documents, for every row
-    (data: the clusters' document counts; ties -> lower cluster id)."""
-    counts = np.asarray(binarize(M_train).sum(axis=0)).ravel()
-    K = len(counts)
-    b = min(int(b), K)
-    top = np.sort(np.argsort(-counts, kind="stable")[:b]).astype(np.int32)
-    data = np.tile(counts[top].astype(np.float32), n_rows)
-    return sp.csr_matrix((data, np.tile(top, n_rows), np.arange(n_rows + 1, dtype=np.int64) * b), shape=(n_rows, K))
+#: recall of a top-b cluster matrix against ``M`` (:func:`xmc_steps.baselines.recall_of_top`)
+cluster_recall = recall_of_top
+#: the trivial matcher: the ``b`` clusters with most training documents, for every row
+frequency_topb = most_frequent_top
 
 
 def guard_width(topb: int, K: int) -> int:
@@ -461,10 +451,18 @@ class GuardReport:
         return self.head_learned and (self.matcher > self.best_baseline[1] or
                                       (self.matcher > self.baselines["most_frequent"] and self.adds_to_tree))
 
+    @property
+    def passed_alone(self) -> bool:
+        """The test for ``candidates: matcher`` (the paper's Eq. 2), where the rankers search the
+        matcher's top-b alone: it must beat every trivial baseline on its own, the union criterion
+        (:attr:`adds_to_tree`) not counting (:func:`alone_failure`)."""
+        return self.head_learned and self.matcher > self.best_baseline[1]
+
     def to_dict(self) -> dict[str, Any]:
         out = {"b": self.b, "K": self.K, "matcher_recall_at_b": self.matcher, "scorer": self.scorer,
                "head_recall_at_b": self.matcher if self.head is None else self.head,
-               "baselines": dict(self.baselines), "best_baseline": self.best_baseline[0], "passed": self.passed}
+               "baselines": dict(self.baselines), "best_baseline": self.best_baseline[0], "passed": self.passed,
+               "passed_alone": self.passed_alone}
         if self.union is not None:
             out["union"] = {"recall": self.union, "linear_same_budget": self.linear_same_budget,
                             "clusters_per_doc": self.union_clusters, "adds_to_tree": self.adds_to_tree}
@@ -513,6 +511,35 @@ def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spma
     same = topk_per_row(lin, sizes)
     return GuardReport(b, K, cluster_recall(top, M_valid), base, union=cluster_recall(union, M_valid),
                        linear_same_budget=cluster_recall(same, M_valid), union_clusters=float(sizes.mean()))
+
+
+def alone_failure(guard: Mapping[str, Any]) -> str | None:
+    """Why a matcher's top-b may not be searched alone (``candidates: matcher``, the paper's Eq. 2),
+    from its ``guard.json``; ``None`` when it beats every trivial baseline on its own.
+
+    The matcher stage's own test also lets a matcher pass whose top-b adds to the linear tree's
+    (the union the default ``candidates: union`` searches); a stage that searches the matcher's
+    top-b alone asks this instead (the X-Transformer rankers' stage, ``--guard``)."""
+    base = dict(guard["baselines"])
+    name = max(base, key=lambda k: base[k])
+    matcher, head = float(guard["matcher_recall_at_b"]), float(guard.get("head_recall_at_b", guard["matcher_recall_at_b"]))
+    b = guard.get("b")
+    if head <= base["most_frequent"]:
+        what = (f"the matcher's head alone has valid cluster recall@{b} {head:.4f}, not above the most frequent "
+                f"clusters ({base['most_frequent']:.4f})")
+    elif matcher <= base[name]:
+        what = (f"the matcher's valid cluster recall@{b} is {matcher:.4f} ({guard.get('scorer', 'head')}), not above "
+                f"the better trivial baseline ({name} {base[name]:.4f}; "
+                + ", ".join(f"{k} {v:.4f}" for k, v in base.items()) + ")")
+        if guard.get("passed"):
+            what += "; it passed the matcher's guard only through the union with the linear tree's top-b, which " \
+                    "candidates: matcher never searches"
+    else:
+        return None
+    return (f"candidates: matcher (the paper's Eq. 2) searches the matcher's top-{b} alone, and {what} at K = "
+            f"{guard.get('K')} clusters. Train the matcher longer or from a better start (xtransformer.matcher.train), "
+            "search the union with the linear tree (xtransformer.ranker.candidates: union), or set "
+            "xtransformer.matcher.allow_weak: true to go on with this matcher")
 
 
 def finish_matcher(model: MatcherModel, emb_train: np.ndarray, M_train: sp.spmatrix, emb_valid: np.ndarray,
@@ -743,20 +770,13 @@ def main(argv: list[str] | None = None) -> None:
         # the validation curve survives a kill: kept beside the checkpoints, and a point at or
         # after the step a run starts from (a fresh start evaluates step 0) replaces the older run's
         ckpt_dir = out / "checkpoints"
-        curve_path = ckpt_dir / "curve.json"
-        curve: dict[int, dict[str, float]] = {}
-        if curve_path.exists():
-            curve = {int(k): v for k, v in io.read_json(curve_path).items()}
+        curve = CurveLog(ckpt_dir / "curve.json")
         log_step = st.step_logger({"loss": "train_loss"})
 
         def on_step(step: int, logs: dict[str, float]) -> None:
             log_step(step, logs)
             if "valid_cluster_recall_at_b" in logs:
-                for old in [s for s in curve if s >= step]:
-                    del curve[old]
-                curve[step] = {k: logs[k] for k in ("valid_cluster_recall_at_b", "valid_cluster_p_at_1") if k in logs}
-                ckpt_dir.mkdir(parents=True, exist_ok=True)
-                io.write_json(curve_path, {str(k): v for k, v in sorted(curve.items())})
+                curve.add(step, logs, ("valid_cluster_recall_at_b", "valid_cluster_p_at_1"))
 
         with training_device(st, params):
             with st.timed("train"):
@@ -812,11 +832,14 @@ def main(argv: list[str] | None = None) -> None:
                             report.linear_same_budget)
                 st.metric("valid_cluster_recall_union", report.union)
                 st.metric("valid_cluster_recall_linear_same_budget", report.linear_same_budget)
-            io.write_json(out / "guard.json", {**report.to_dict(), "head": head,
-                                               "curve": {str(k): v for k, v in sorted(curve.items())},
+            io.write_json(out / "guard.json", {**report.to_dict(), "head": head, "curve": curve.to_dict(),
                                                "allow_weak": params.allow_weak})
             st.output("guard", out / "guard.json")
-            plot_curve(out / "curve.png", curve, report, K)
+            plot_curve(out / "curve.png", curve.points,
+                       {"valid_cluster_recall_at_b": f"matcher recall@{report.b} (valid subset)",
+                        "valid_cluster_p_at_1": "matcher P@1 (valid subset)"},
+                       {f"{name} recall@{report.b}": v for name, v in report.baselines.items()},
+                       ("final, all valid", report.matcher), f"matcher over K = {K} clusters", "valid cluster metric")
             st.output("curve", out / "curve.png")
             if not report.passed:
                 if not params.allow_weak:
@@ -836,35 +859,6 @@ def main(argv: list[str] | None = None) -> None:
             st.metric("predict_seq_per_s", n_pred / max(t_pred, 1e-9))
             st.online_cost(st.timings.get("predict_test", 0.0), len(tokens["test"]))   # encoder pass + top-b
         remove_checkpoints(ckpt_dir)
-
-
-def plot_curve(path: str | os.PathLike, curve: Mapping[int, Mapping[str, float]], report: GuardReport, K: int) -> None:
-    """PNG of the valid cluster recall@b (and P@1) over the training steps, the baselines as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    steps = sorted(curve)
-    if steps:
-        ax.plot(steps, [curve[s].get("valid_cluster_recall_at_b", np.nan) for s in steps], "o-",
-                label=f"matcher recall@{report.b} (valid subset)")
-        ax.plot(steps, [curve[s].get("valid_cluster_p_at_1", np.nan) for s in steps], "s--", alpha=0.6,
-                label="matcher P@1 (valid subset)")
-    last = steps[-1] if steps else 1
-    ax.plot([last], [report.matcher], "k*", ms=12, label=f"final, all valid: {report.matcher:.3f}")
-    for (name, v), style in zip(report.baselines.items(), (":", "-.")):
-        ax.axhline(v, linestyle=style, color="gray", label=f"{name} recall@{report.b}: {v:.3f}")
-    ax.set_xlabel("optimisation step")
-    ax.set_ylabel("valid cluster metric")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"matcher over K = {K} clusters")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

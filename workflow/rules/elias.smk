@@ -10,7 +10,8 @@ def elias_params(stage):
         el = s["elias"]
         own = dict(el[f"stage{stage}"])
         p = {"encoder": ENC(w), "max_length": int(w.maxlen),
-             **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback")},
+             **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init",
+                                   "head_init_l2", "head_init_scale", "allow_weak")},
              **{k: v for k, v in el["index"].items() if v is not None},
              "train": {**el["train"], **own.pop("train", {})}, **own}
         return json.dumps(p, sort_keys=True)
@@ -23,17 +24,31 @@ def elias_tokens(w):
     return [f"{d}/tokens_{s}.npz" for s in SPLITS]
 
 
+#: the guard's linear tree (both stages): XR-Linear over the same tree, fit on the train split, and the
+#: valid TF-IDF it searches
+ELIAS_GUARD_INPUTS = {
+    "linear": R(lay.XT_LINEAR, emb="pifa-tfidf", fit="train") + "/model",
+    "X_valid": R(lay.TFIDF) + "/X_valid.npz",
+}
+GUARD_ARGS = "--linear-model {input.linear} --tfidf-valid {input.X_valid} "
+
+
 rule elias_stage1:
     """ELIAS stage 1: encoder, W_C and W_L with A fixed to the balanced clustering."""
     input:
         tokens=elias_tokens,
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
+        **ELIAS_GUARD_INPUTS,
     output:
         model=R(lay.ELIAS_STAGE, stage=1) + "/model.safetensors",
         meta=R(lay.ELIAS_STAGE, stage=1) + "/elias.json",
         clusters=R(lay.ELIAS_STAGE, stage=1) + "/clusters_train.npz",
         record=R(lay.ELIAS_STAGE, stage=1) + "/record.json",
+        guard=R(lay.ELIAS_STAGE, stage=1) + "/guard.json",
+        guard_recall=R(lay.ELIAS_STAGE, stage=1) + "/guard_recall.npz",
+        curve=report(R(lay.ELIAS_STAGE, stage=1) + "/curve.png", category="{dataset}", subcategory="elias",
+                     labels={"dataset": "{dataset}", "model": "{tree} {enc}", "file": "stage 1 valid shortlist recall"}),
     log:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -50,7 +65,7 @@ rule elias_stage1:
         "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
+        "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
 
@@ -61,10 +76,16 @@ rule elias_stage2:
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         stage1=rules.elias_stage1.output.model,
         clusters=rules.elias_stage1.output.clusters,
+        stage1_guard=rules.elias_stage1.output.guard_recall,
+        **ELIAS_GUARD_INPUTS,
     output:
         model=R(lay.ELIAS_STAGE, stage=2) + "/model.safetensors",
         meta=R(lay.ELIAS_STAGE, stage=2) + "/elias.json",
         record=R(lay.ELIAS_STAGE, stage=2) + "/record.json",
+        guard=R(lay.ELIAS_STAGE, stage=2) + "/guard.json",
+        guard_recall=R(lay.ELIAS_STAGE, stage=2) + "/guard_recall.npz",
+        curve=report(R(lay.ELIAS_STAGE, stage=2) + "/curve.png", category="{dataset}", subcategory="elias",
+                     labels={"dataset": "{dataset}", "model": "{tree} {enc}", "file": "stage 2 valid shortlist recall"}),
     log:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -82,7 +103,7 @@ rule elias_stage2:
         "../../envs/gpu.yaml"
     shell:
         "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
-        "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} "
+        "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
 

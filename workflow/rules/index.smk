@@ -80,13 +80,14 @@ rule cluster:
     input:
         emb=R(lay.INDEX) + "/label_emb.npz",
     output:
-        tree=R(lay.TREE, tree="tree-b{branching}-l{leaf}-s{seed}") + ".npz",
-        record=R(lay.TREE, tree="tree-b{branching}-l{leaf}-s{seed}") + ".record.json",
+        tree=R(lay.TREE, tree="tree-b{branching}-l{leaf}{floor}-s{seed}") + ".npz",
+        record=R(lay.TREE, tree="tree-b{branching}-l{leaf}{floor}-s{seed}") + ".record.json",
     log:
-        "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}-s{seed}.log",
+        "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}{floor}-s{seed}.log",
     params:
         hash=H("cluster"),
         c=lambda w: S(w)["cluster"],
+        min_leaves=lambda w: lay.min_leaves(w.floor),
     threads: threads_of
     resources:
         mem_mb=res("cluster", "mem_mb", 8000),
@@ -95,6 +96,6 @@ rule cluster:
         "../../envs/cpu.yaml"
     shell:
         "{PY} -m xmc_steps.cluster --label-emb {input.emb} --out {output.tree} "
-        "--branching {wildcards.branching} --leaf-size {wildcards.leaf} "
+        "--branching {wildcards.branching} --leaf-size {wildcards.leaf} --min-leaves {params.min_leaves} "
         "--seed {wildcards.seed} --max-iter {params.c[max_iter]} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --threads {threads} --config-hash {params.hash}"

@@ -28,14 +28,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import scipy.sparse as sp
 
 from .. import encoders, io, neural
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
                             stage_params, training_device)
 from ..stage import StageError, add_common_args, stage_run
-from ..trainer import digest
+from ..curves import CurveLog, plot_curve
+from ..trainer import digest, list_checkpoints
+from .guard import check_stage, guard_width, index_candidates
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
-                    load_elias, predict, shortlist_metrics)
+                    linear_start, load_elias, predict, shortlist_metrics)
 from .params import EliasParams
 from .train import train_elias
 
@@ -50,10 +53,31 @@ def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
     return stage_params(st, EliasParams, rule, "elias")
 
 
+def _linear_valid(args: argparse.Namespace, b: int, width: int, n_valid: int
+                  ) -> tuple[sp.csr_matrix | None, sp.csr_matrix | None]:
+    """The guard's linear tree (the train-split XR-Linear model over the same tree, a beam of ``b``
+    clusters) on the valid split: its index candidates (:func:`.guard.index_candidates`) and its top
+    labels by its rankers, ``width`` of each; ``(None, None)`` without ``--linear-model``."""
+    if not args.linear_model:
+        return None, None
+    from ..xr_linear import XRLinearModel
+
+    try:
+        model = XRLinearModel.load(args.linear_model)
+        X = io.load_csr(args.tfidf_valid)
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"the guard's linear tree {args.linear_model} / {args.tfidf_valid}: {e}") from e
+    if X.shape[0] != n_valid:
+        raise StageError(f"{args.tfidf_valid} has {X.shape[0]} rows but tokens_valid has {n_valid}")
+    index = index_candidates(model.predict_clusters(X, beam=b), model.tree.assignment(-1), width)
+    return index, model.predict(X, beam=b, topk=width)
+
+
 def _train_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     stage = int(args.stage)
-    names = ["model.safetensors", "elias.json"] + (["clusters_train.npz"] if stage == 1 else [])
+    names = ["model.safetensors", "elias.json", "guard.json", "guard_recall.npz", "curve.png"] + (
+        ["clusters_train.npz"] if stage == 1 else [])
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in names]) as st:
         params = _parse_params(st, args, f"elias_stage{stage}")
         with st.timed("load"):
@@ -111,11 +135,13 @@ def _train_main(args: argparse.Namespace) -> None:
         st.params["stage"] = stage
 
         extra_fp: dict[str, Any] = {"stage": stage}
+        ckpt_dir = out / "checkpoints"
         try:
             if stage == 1:
                 index, value = adjacency_from_assignment(tree.assignment(-1), C)
                 model = build_model(params, C, L, index.shape[1], fixed_edges=True, pretrained=True)
                 model.set_adjacency(index, value)
+                extra_fp.update({k: getattr(params, k) for k in ("head_init", "head_init_l2", "head_init_scale")})
             else:
                 with st.timed("init_adjacency"):
                     index, value = init_adjacency(M_train, Y_train, params.kappa, params.train.seed)
@@ -132,19 +158,70 @@ def _train_main(args: argparse.Namespace) -> None:
                     "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
                     stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
                     params.beta, params.lambda_, params.train.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
-        on_step = st.step_logger({"loss": "train_loss"})
-        ckpt_dir = out / "checkpoints"
-        with training_device(st, params):
+        curve = CurveLog(ckpt_dir / "curve.json")
+        log_step = st.step_logger({"loss": "train_loss"})
+
+        def on_step(step: int, logs: dict[str, float]) -> None:
+            log_step(step, logs)
+            curve.add(step, logs, ("valid_shortlist_recall", "valid_p_at_1"))
+
+        with training_device(st, params) as device:
+            if stage == 1 and params.head_init == "linear" and not list_checkpoints(ckpt_dir):   # (a resumed run
+                with st.timed("linear_start"):                                                  # has its weights)
+                    emb = neural.embed(model.encoder, tokens["train"], params.eval_batch_size, device, params.amp,
+                                       progress=st.log.info)
+                    linear_start(model, emb, Y_train, params.head_init_l2, params.head_init_scale)
+                st.log.info("linear start: W_C (%d x %d) and W_L (%d x %d) fit by least squares on the pre-trained "
+                            "encoder's embeddings of %d training texts", C, model.dim, L, model.dim, len(emb))
             with st.timed("train"):
                 trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                       valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
             record_training(st, trainer)
+            gw = guard_width(model.K, L)
             with st.timed("valid"):
                 r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
-                            amp=params.amp, shortlist_topk=model.K, with_emb=False, progress=st.log.info)
+                            amp=params.amp, shortlist_topk=gw, with_emb=False, progress=st.log.info)
                 m = shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
+            with st.timed("guard"):
+                previous_rows = None
+                if stage == 2:
+                    try:
+                        previous_rows = io.load_arrays(Path(args.init) / "guard_recall.npz")["recall"]
+                    except (OSError, ValueError, KeyError) as e:
+                        raise StageError(f"--init {args.init}: stage 1's guard_recall.npz: {e}") from e
+                lin_index, lin_ranked = _linear_valid(args, params.b, gw, len(tokens["valid"]))
+                try:
+                    report, rows = check_stage(stage, r["shortlist"], Y_valid, Y_train, model.K, lin_index,
+                                               previous_rows, m["p_at_1"], lin_ranked)
+                except ValueError as e:
+                    raise StageError(str(e)) from e
+                previous = report.previous
             st.metric("valid_shortlist_recall", m["shortlist_recall"])
             st.metric("valid_p_at_1", m["p_at_1"])
+            for name, v in report.baselines.items():
+                st.metric(f"valid_shortlist_recall_{name}", v)
+            for name, v in report.info.items():
+                st.metric(f"valid_shortlist_recall_{name}", v)
+            st.log.info("guard: valid shortlist recall@%d: stage %d %.4f; %s%s%s", gw, stage, report.shortlist,
+                        ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()),
+                        "" if previous is None else f"; stage 1 {previous:.4f}",
+                        "".join(f"; recorded: {k} {v:.4f}" for k, v in report.info.items()))
+            io.save_arrays(out / "guard_recall.npz", recall=rows.astype(np.float32))
+            io.write_json(out / "guard.json", {**report.to_dict(), "curve": curve.to_dict(),
+                                               "allow_weak": params.allow_weak})
+            st.output("guard", out / "guard.json")
+            lines = {f"{k} recall@{gw}": v for k, v in report.baselines.items()}
+            if previous is not None:
+                lines[f"stage 1 recall@{gw}"] = previous
+            plot_curve(out / "curve.png", curve.points,
+                       {"valid_shortlist_recall": f"shortlist recall@{gw} (valid subset)",
+                        "valid_p_at_1": "P@1 (valid subset)"}, lines, ("final, all valid", report.shortlist),
+                       f"ELIAS stage {stage}: C = {C}, L = {L}, b = {params.b}, K = {params.K}", "valid metric")
+            st.output("curve", out / "curve.png")
+            if not report.passed:
+                if not params.allow_weak:
+                    raise StageError(report.message())
+                st.log.warning("%s (continuing: elias.allow_weak is true)", report.message())
             meta = {"format": FORMAT, "stage": stage, "encoder": params.encoder,
                     "encoder_path": str(encoders.resolve(params.encoder)), "pooling": params.pooling,
                     "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
@@ -194,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
     t.add_argument("--tree", help="stage 1: cluster tree (.npz of xmc_steps.cluster); its finest level gives A")
     t.add_argument("--init", help="stage 2: the stage-1 output folder")
+    t.add_argument("--linear-model", help="the guard's linear tree: XR-Linear over the same cluster tree, fit on "
+                                          "the train split (without it the guard has the frequency baseline only)")
+    t.add_argument("--tfidf-valid", help="X_valid (.npz CSR TF-IDF) for --linear-model")
     t.add_argument("--out", required=True, help="output folder")
     add_common_args(t)
     q = sub.add_parser("predict", help="top-k predictions, embeddings and shortlist of a trained model")

@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import neural
+from ..baselines import recall_of_top
+from ..linear_start import least_squares_head
+from ..negatives import binarize
 from ..neural_stage import load_trained
 from ..search import padded_to_csr
 from ..stage import StageError
@@ -311,6 +314,36 @@ def init_adjacency(M: sp.spmatrix, Y: sp.spmatrix, kappa: int, seed: int = 0,
     return index, value
 
 
+# --------------------------------------------------------------------------- the linear start
+
+
+def partition_targets(Y: sp.spmatrix, A_index: np.ndarray, n_clusters: int) -> sp.csr_matrix:
+    """``M = Y C`` binarised (document -> clusters of its labels) for stage 1's partition ``A_index``."""
+    index = np.asarray(A_index)
+    rows, slots = np.nonzero(index >= 0)
+    labels = index[rows, slots]
+    L = sp.csr_matrix(Y).shape[1]
+    C = sp.csr_matrix((np.ones(len(labels), dtype=np.float32), (labels, rows)), shape=(L, int(n_clusters)))
+    M = (binarize(Y) @ C).tocsr()
+    M.data[:] = 1.0
+    return M
+
+
+@torch.no_grad()
+def linear_start(model: EliasModel, emb: np.ndarray, Y: sp.spmatrix, l2: float = 0.001, scale: float = 4.0) -> None:
+    """``head_init: linear``: ``W_C`` and ``W_L`` (and ``wl_bias``) as the least-squares fits
+    (:func:`xmc_steps.linear_start.least_squares_head`) of ``+-scale`` targets on ``emb``, the
+    *pre-trained* encoder's embeddings of the training texts: ``W_C`` of each document's clusters
+    under the model's current ``A`` (stage 1's partition), ``W_L`` of its labels (in label chunks)."""
+    M = partition_targets(Y, model.A_index.cpu().numpy(), model.n_clusters)
+    Wc, _ = least_squares_head(emb, M, l2, scale)
+    Wl, bl = least_squares_head(emb, Y, l2, scale, bias=model.wl_bias is not None, chunk=65536)
+    model.Wc.copy_(torch.from_numpy(Wc).to(model.Wc.device))
+    model.wl.copy_(torch.from_numpy(Wl).to(model.wl.device))
+    if model.wl_bias is not None:
+        model.wl_bias.copy_(torch.from_numpy(bl).to(model.wl_bias.device))
+
+
 # --------------------------------------------------------------------------- inference
 
 
@@ -383,13 +416,7 @@ def shortlist_metrics(labels_csr: sp.csr_matrix, scores_csr: sp.csr_matrix | Non
     """``shortlist_recall`` (share of positives in the shortlist, averaged over documents with a positive)
     and ``p_at_1`` of ``scores_csr`` (its best label is a positive)."""
     Y = sp.csr_matrix(Y)
-    Y.data[:] = 1
-    S = sp.csr_matrix(labels_csr, copy=True)
-    S.data[:] = 1
-    hit = np.asarray(S.multiply(Y).sum(1)).ravel()
-    ny = np.diff(Y.indptr)
-    has = ny > 0
-    out = {"shortlist_recall": float((hit[has] / ny[has]).mean()) if has.any() else 0.0}
+    out = {"shortlist_recall": recall_of_top(labels_csr, Y)}
     if scores_csr is not None:
         sc = sp.csr_matrix(scores_csr)
         n = sc.shape[0]

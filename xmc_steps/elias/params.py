@@ -1,5 +1,6 @@
 """ELIAS parameters: one :class:`EliasParams` for both training stages and prediction (see the
-package docstring, "Staged training", for what each value means and where it comes from)."""
+package docstring, "Staged training" and "Sizes from the data", for what each value means and
+where it comes from)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,30 @@ from ..params import Params
 from ..trainer import TrainParams
 
 #: the training recipe of both stages unless the configuration says otherwise (epochs: STAGE_DEFAULTS)
-TRAIN_DEFAULTS = {"lr": None, "warmup_steps": 100, "checkpoint_every": 500}
+TRAIN_DEFAULTS = {"lr": None, "warmup": 0.1, "checkpoint_every": 500}
 #: keys of the earlier flat layout, now under ``train`` (an error naming the new key)
 TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_accum", "weight_decay", "warmup_steps",
                                          "max_grad_norm", "checkpoint_every", "log_every", "seed")}
+
+HEAD_INITS = ("linear", "random")
+
+#: the shortlist size K from the label count L when unset: ``clip(ceil(L * K_FRACTION), K_MIN, K_MAX)``,
+#: at most L (K_MAX: the paper's fixed K = 2000, §4; see "Sizes from the data")
+K_MIN, K_MAX, K_FRACTION = 200, 2000, 0.1
+
+
+def default_K(n_labels: int) -> int:
+    """The shortlist size for ``n_labels`` labels when ``K`` is unset (see "Sizes from the data")."""
+    L = int(n_labels)
+    return max(1, min(L, max(K_MIN, min(K_MAX, math.ceil(L * K_FRACTION)))))
+
+
+def default_b(n_labels: int, n_clusters: int, K: int, coverage: float) -> int:
+    """The beam for ``K``: the fewest clusters whose labels (``L / C`` each in stage 1's partition)
+    number ``coverage * K``, at most ``C``."""
+    L, C = int(n_labels), int(n_clusters)
+    return max(1, min(C, math.ceil(float(coverage) * int(K) * C / max(L, 1) - 1e-9)))
+
 
 STAGE_DEFAULTS = {
     1: {"epochs": 15.0, "lr_encoder": 1e-4, "lr_clf": 1e-2, "lr_A": 0.0, "lambda_": 0.0},
@@ -39,16 +60,22 @@ class EliasParams(Params):
     weight_decay_A: float = 0.0
     alpha: float = 10.0
     beta: float | None = None       # None: L / C
-    b: int | None = None            # beam; None: min(20, C)
-    K: int | None = None            # shortlist size; None: min(2000, L)
+    b: int | None = None            # beam; None: default_b (the beam's labels cover `coverage` x K)
+    K: int | None = None            # shortlist size; None: default_K (clip(L / 10, 200, 2000), at most L)
+    coverage: float = 2.0           # b's rule: b L / C >= coverage K (the paper's b 20, K 2000 at L / C 100: 1)
     kappa: int | None = None        # stage 2 row sparsity; None: min(L, ceil(10 L / C))
+    head_init: str = "linear"       # stage 1's W_C and W_L: linear (least squares on the pre-trained encoder's
+                                    # embeddings of the training texts, ours) | random (N(0, 0.02), the paper)
+    head_init_l2: float = 0.001     # the least-squares fit's ridge, relative to the mean eigenvalue
+    head_init_scale: float = 4.0    # the fit's targets are +-scale (logits of about +-scale)
+    allow_weak: bool = False        # true: a stage below the guard's baselines only warns
     lambda_: float | None = None    # None: 0 (stage 1), 0.05 (stage 2)
     eps: float = 1e-6
     wl_bias: bool = False
     wl_delay_steps: int = 0
     wl_decay: str = "touched"       # touched | all: which rows of W_L AdamW's weight decay shrinks per step
     swa_epochs: float = 0.0
-    eval_every: int = 100           # 0: no validation during training
+    eval_every: int | None = None   # steps between validation points; None: ten per stage; 0: none
     eval_max_docs: int = 2000
     eval_batch_size: int = 128      # inference batch (validation, clusters_train, predict)
     amp: str = "auto"               # training and inference
@@ -74,7 +101,7 @@ class EliasParams(Params):
             if v is not None and v <= 0:
                 raise ValueError(f"{f} must be > 0, got {v}")
         for f in ("wl_delay_steps", "eval_every", "swa_epochs", "weight_decay_A"):
-            if getattr(self, f) < 0:
+            if getattr(self, f) is not None and getattr(self, f) < 0:
                 raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
         if self.alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
@@ -84,6 +111,13 @@ class EliasParams(Params):
             raise ValueError(f"lr_A must be >= 0, got {self.lr_A}")
         if not 0 < self.eps < 0.5:
             raise ValueError(f"eps must be in (0, 0.5), got {self.eps}")
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        for f in ("coverage", "head_init_scale"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
+        if self.head_init_l2 < 0:
+            raise ValueError(f"head_init_l2 must be >= 0, got {self.head_init_l2}")
         if self.wl_decay not in ("touched", "all"):
             raise ValueError(f"wl_decay must be touched or all, got {self.wl_decay!r}")
         if self.train.lr is not None:
@@ -108,9 +142,11 @@ class EliasParams(Params):
         if train["steps"] is None and train["epochs"] is None:
             train["epochs"] = STAGE_DEFAULTS[stage]["epochs"]
         d["train"] = TrainParams(**train).resolved(n_train).to_dict()
+        if d["eval_every"] is None:
+            d["eval_every"] = max(1, math.ceil(d["train"]["steps"] / 10))
         d["beta"] = d["beta"] if d["beta"] is not None else L / C
-        d["b"] = min(d["b"] if d["b"] is not None else 20, C)
-        d["K"] = min(d["K"] if d["K"] is not None else 2000, L)
+        d["K"] = min(d["K"] if d["K"] is not None else default_K(L), L)
+        d["b"] = min(d["b"] if d["b"] is not None else default_b(L, C, d["K"], d["coverage"]), C)
         d["kappa"] = min(d["kappa"] if d["kappa"] is not None else math.ceil(10 * L / C), L)
         if stage == 2 and d["lr_A"] <= 0:
             raise ValueError("stage 2 needs lr_A > 0")

@@ -17,6 +17,7 @@ from .. import neural
 from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
+from .guard import guard_width
 from .model import EliasModel, predict, shortlist_metrics
 from .params import EliasParams
 
@@ -98,6 +99,15 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
+    width = guard_width(model.K, model.n_labels)
+
+    def evaluate(step: int) -> dict[str, float]:
+        r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=params.amp,
+                    shortlist_topk=width, with_emb=False, progress=None)
+        m = shortlist_metrics(r["shortlist"], r["scores"], vY)
+        log.info("step %d: valid shortlist recall@%d %.4f, P@1 %.4f (%d documents)", step, width,
+                 m["shortlist_recall"], m["p_at_1"], len(vt))
+        return {"valid_shortlist_recall": m["shortlist_recall"], "valid_p_at_1": m["p_at_1"]}
 
     def step_end(step: int) -> dict[str, float] | None:
         if touched:
@@ -109,12 +119,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
             swa.update(model)
         if vt is None or (step % params.eval_every and step != tp.steps):
             return None
-        r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=params.amp,
-                    shortlist_topk=model.K, with_emb=False, progress=None)
-        m = shortlist_metrics(r["shortlist"], r["scores"], vY)
-        log.info("step %d: valid shortlist recall@%d %.4f, P@1 %.4f (%d documents)", step, model.K,
-                 m["shortlist_recall"], m["p_at_1"], len(vt))
-        return {"valid_shortlist_recall": m["shortlist_recall"], "valid_p_at_1": m["p_at_1"]}
+        return evaluate(step)
 
     def batch_fn(idx: np.ndarray):
         ids, mask = tokens.batch(idx)
@@ -130,6 +135,8 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
             touched.append(out.labels[out.labels >= 0].detach())
         return loss, {"loss_c": float(lc), "loss_s": float(ls)}
 
+    if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
+        on_step(0, evaluate(0))
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
     _set_wl_trainable(model, True)
     if swa is not None:

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# ELIAS on one GPU machine in one call, for the validation tables of xmc_steps/elias ("Choosing the
+# defaults") and the test rows beside the linear baselines (run on the CPU): on debtags and
+# yso-finna-sv-50k, ELIAS++ and its Table 3 build-up rows (elias-stage1, elias-stage2, elias-ranker, elias)
+# at the default config and with stage 1's lr_clf at the paper's 1e-2 (bench/elias-gpu.yaml's -lrclf2 aliases), and
+# stage 1 from the paper's random start (-random); then the table of test metrics, the training
+# sequences/second and peak GPU memory.  Several trainings share the GPU at once.
+#
+# Prepare here: ../shared/tools/gpu-pack --data debtags,yso-finna-sv-50k
+# Then, on the machine (with .gpu carried):
+#
+#   LIMIT=520 bash bench/gpu_elias.sh       # set-up, the DAG in its own session for LIMIT s, the table
+#
+# DRY=1 bash bench/gpu_elias.sh prints the plan here (snakemake -n) without the set-up.
+# It ends by packing its files into $OUT/gpu.tgz (what finished by then).
+set -uo pipefail
+OUT=${OUT:-bench-out/out}
+W=bench-out
+mkdir -p "$OUT" "$W"
+LIMIT=${LIMIT:-520}     # seconds from the start until what finished is packed
+GPU_JOBS=${GPU_JOBS:-6} # trainings sharing the GPU at once
+CONFIG="--configfile config.yaml bench/elias-gpu.yaml ${EXTRA_CONFIG:-}"
+S="python3 -m snakemake --scheduler greedy --keep-going --nolock $CONFIG"
+Y=yso-finna-sv-50k
+FIRST="results/$Y/elias.json results/$Y-lrclf2/elias.json results/debtags/elias.json results/debtags-lrclf2/elias.json"
+TARGETS="$FIRST"
+for d in $Y $Y-lrclf2 debtags debtags-lrclf2; do
+  for m in elias-stage1 elias-stage2 elias-ranker; do TARGETS="$TARGETS results/$d/$m.json"; done
+done
+TARGETS="$TARGETS results/$Y-random/elias-stage1.json results/debtags-random/elias-stage1.json"
+# ONLY="<targets>" runs those instead (FIRST: the same), e.g. one dataset's rows within a short lease
+[ -n "${ONLY:-}" ] && { TARGETS=$ONLY; FIRST=$ONLY; }
+
+table() {  # one line per target: P@1 P@3 P@5 PSP@5 R@100, train s, training seq/s, peak GPU MiB, device
+  python3 - "$@" <<'PY'
+import json, os, sys
+for f in sys.argv[1:]:
+    if not os.path.exists(f):
+        print(f, "missing"); continue
+    d = json.load(open(f)); m = d["metrics"]
+    rates, gpu = [], []
+    for s in d["stages"]:
+        try:
+            r = json.load(open(s["record"]))
+        except (OSError, ValueError):
+            continue
+        if "train_seq_per_s" in r.get("metrics", {}):
+            rates.append(round(r["metrics"]["train_seq_per_s"], 1))
+        if "peak_gpu_mem_mb" in r.get("metrics", {}):
+            gpu.append(round(r["metrics"]["peak_gpu_mem_mb"]))
+    print(f, *(round(m[k], 2) for k in ("p_at_1", "p_at_3", "p_at_5", "psp_at_5", "recall_at_100")),
+          "train_s", d.get("total_train_time_s"), "seq/s", rates, "gpu_MiB", gpu, d.get("device"))
+PY
+}
+
+SECONDS=0
+if [ "${DRY:-0}" = 1 ]; then
+  python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
+  exit 0
+fi
+source .gpu/setup.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
+setsid nohup $S --cores 16 --resources gpu=$GPU_JOBS --prioritize $FIRST -- $TARGETS > "$W/dag.log" 2>&1 < /dev/null &
+while pgrep -f "snakemake.*elias" > /dev/null && [ $SECONDS -lt $LIMIT ]; do
+  sleep 10
+  [ $((SECONDS % 60)) -lt 10 ] && { echo "t=$SECONDS"; grep -E "Finished jobid|Error in rule" "$W/dag.log" | tail -2; }
+done
+grep -E "Error|error" "$W/dag.log" | tail -12
+nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+table $TARGETS | tee "$W/table.txt"
+# every stage's guard and curve, the stage records (times, memory, rates) and the logs
+tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json logs \
+  $(find results -path "*elias*" \( -name "guard.json" -o -name "curve.png" -o -name "*record.json" -o -name "elias.json" \) \
+    | grep -v checkpoints) 2>/dev/null
+ls -la "$OUT"
