@@ -31,27 +31,7 @@ TARGETS="$TARGETS results/$Y-random/elias-stage1.json results/debtags-random/eli
 # ONLY="<targets>" runs those instead (FIRST: the same), e.g. one dataset's rows within a short lease
 [ -n "${ONLY:-}" ] && { TARGETS=$ONLY; FIRST=$ONLY; }
 
-table() {  # one line per target: P@1 P@3 P@5 PSP@5 R@100, train s, training seq/s, peak GPU MiB, device
-  python3 - "$@" <<'PY'
-import json, os, sys
-for f in sys.argv[1:]:
-    if not os.path.exists(f):
-        print(f, "missing"); continue
-    d = json.load(open(f)); m = d["metrics"]
-    rates, gpu = [], []
-    for s in d["stages"]:
-        try:
-            r = json.load(open(s["record"]))
-        except (OSError, ValueError):
-            continue
-        if "train_seq_per_s" in r.get("metrics", {}):
-            rates.append(round(r["metrics"]["train_seq_per_s"], 1))
-        if "peak_gpu_mem_mb" in r.get("metrics", {}):
-            gpu.append(round(r["metrics"]["peak_gpu_mem_mb"]))
-    print(f, *(round(m[k], 2) for k in ("p_at_1", "p_at_3", "p_at_5", "psp_at_5", "recall_at_100")),
-          "train_s", d.get("total_train_time_s"), "seq/s", rates, "gpu_MiB", gpu, d.get("device"))
-PY
-}
+table() { python3 bench/results_table.py "$@"; }   # one line per target
 
 SECONDS=0
 if [ "${DRY:-0}" = 1 ]; then

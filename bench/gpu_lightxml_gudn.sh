@@ -35,26 +35,7 @@ for m in lightxml gudn gudn-no-feature-guide gudn-no-link-guide lightxml-ensembl
 done
 for m in lightxml lightxml-static; do TARGETS="$TARGETS results/debtags-clustered/$m.json"; done
 
-table() {  # one line per target: P@1 P@3 P@5 R@100, train s, training seq/s, predict ms/doc, device
-  python3 - "$@" <<'PY'
-import glob, json, os, sys
-for f in sys.argv[1:]:
-    if not os.path.exists(f):
-        print(f, "missing"); continue
-    d = json.load(open(f)); m = d["metrics"]
-    rates = []
-    for s in d["stages"]:
-        try:
-            r = json.load(open(s["record"]))
-        except (OSError, ValueError):
-            continue
-        if "train_seq_per_s" in r.get("metrics", {}):
-            rates.append(round(r["metrics"]["train_seq_per_s"], 1))
-    print(f, *(round(m[k], 2) for k in ("p_at_1", "p_at_3", "p_at_5", "recall_at_100")),
-          "train_s", d.get("total_train_time_s"), "seq/s", rates, "ms/doc", d.get("predict_latency_ms_per_doc"),
-          d.get("device"))
-PY
-}
+table() { python3 bench/results_table.py "$@"; }   # one line per target
 
 SECONDS=0
 if [ "${DRY:-0}" = 1 ]; then

@@ -194,9 +194,9 @@ def test_params_defaults_and_unknown_keys():
     p1 = elias.EliasParams.from_dict({"train": {"batch_size": 10}}).resolved(1, n_train=100, n_labels=1000, n_clusters=10)
     # K = clip(L / 10, 200, 2000); b: the fewest of the C clusters (L / C = 100 labels each) covering 2 K labels
     assert (p1.alpha, p1.beta, p1.b, p1.K, p1.kappa, p1.lambda_) == (10.0, 100.0, 4, 200, 1000, 0.0)
-    assert p1.train.steps == 150 and p1.lr_clf == 1e-2 and p1.lr_encoder == 1e-4   # 15 epochs of 100 at batch 10
-    assert p1.train.warmup_steps == 15 and p1.train.checkpoint_every == 500         # warm-up: a tenth of the steps
-    assert p1.eval_every == 15                                                      # ten validation points
+    assert p1.train.steps == 20 and p1.lr_clf == 1e-3 and p1.lr_encoder == 1e-4   # 2 epochs of 100 at batch 10
+    assert p1.train.warmup_steps == 2 and p1.train.checkpoint_every == 500         # warm-up: a tenth of the steps
+    assert p1.eval_every == 2                                                      # ten validation points
     p2 = elias.EliasParams(train=TrainParams(steps=7, lr=None), lr_A=0.1).resolved(2, 100, 100_000, 1000)
     assert (p2.kappa, p2.lambda_, p2.lr_A, p2.lr_clf, p2.train.steps, p2.b, p2.K) == (1000, 0.05, 0.1, 3e-4, 7, 40, 2000)
     # the paper's sizes (b 20, K 2000 at 100 labels per cluster) are coverage 1

@@ -89,11 +89,13 @@ def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
 DEFAULTS_ALLOWED = {
     # config.yaml names an encoder by its key (`minilm`); the rule passes the encoder it stands for
     "xtransformer.matcher.encoder", "lightxml.encoder", "gudn.backbone.encoder",
+    "elias (stage 1).encoder", "elias (stage 2).encoder",
     # the token width picks the token files the rule reads; the class takes it from those tokens (None)
     "xtransformer.matcher.max_length", "lightxml.max_length", "gudn.backbone.max_length",
+    "elias (stage 1).max_length", "elias (stage 2).max_length",
 }
-#: the sections compared with their class.  Not here: `elias` (rewritten in parallel; add it with
-#: EliasParams once that settles), `cluster` and `parabel` (their stages take flags, no Params class)
+#: the sections compared with their class (ELIAS: :func:`_elias_stage`).  Not here: `cluster` and
+#: `parabel` (their stages take flags, no Params class)
 DEFAULTS_SECTIONS = [("xr_linear", XRLinearParams), ("xtransformer.matcher", MatcherParams),
                      ("xtransformer.ranker", "xmc_steps.xtransformer:XTransformerRankerParams"),
                      ("lightxml", "xmc_steps.lightxml:LightXMLParams"), ("gudn", "xmc_steps.gudn:GUDNParams")]
@@ -141,5 +143,27 @@ def test_the_parameter_classes_default_to_config_yaml():
         for part in dotted.split("."):
             section = section[part]
         drift += _drift(section, cls(), dotted)
+    for stage in (1, 2):
+        given, default = _elias_stage(s["elias"], stage)
+        drift += _drift(given, default, f"elias (stage {stage})")
     assert not drift, "\n".join(drift)
-    assert EliasParams  # imported above; its section joins DEFAULTS_SECTIONS after the ELIAS rewrite
+
+
+def _elias_stage(el: dict, stage: int) -> tuple[dict, EliasParams]:
+    """What a stage's rule passes (workflow/rules/elias.smk's elias_params: the section's shared keys,
+    ``index``, ``train`` under ``stageN.train``, ``stageN``) and the class's default for that stage
+    (:data:`xmc_steps.elias.params.STAGE_DEFAULTS` filled in)."""
+    import dataclasses
+
+    from xmc_steps.elias.params import STAGE_DEFAULTS
+
+    own = dict(el[f"stage{stage}"])
+    given = {k: v for k, v in el.items() if k not in ("index", "train", "stage1", "stage2")}
+    given.update({k: v for k, v in el["index"].items()})
+    given["train"] = {**el["train"], **own.pop("train", {})}
+    given.update(own)
+    sd = dict(STAGE_DEFAULTS[stage])
+    epochs = sd.pop("epochs")
+    d = EliasParams()
+    d = dataclasses.replace(d, train=dataclasses.replace(d.train, epochs=epochs), **sd)
+    return given, d

@@ -26,6 +26,23 @@
   starter is an interactive shell) is left to the terminal's own rules (SIGHUP, ``nohup``): nothing
   is armed then.  ``XMC_ORPHAN_GUARD=0`` turns both off.
 
+* **Snakemake's locks.**  Snakemake records the files an invocation works on in ``.snakemake/locks``
+  and removes them when it ends; a ``kill -9`` (or an out-of-memory kill, a power loss) leaves them,
+  and the next plain ``snakemake`` then stops with ``LockException`` until someone runs ``--unlock``.
+  The lock files say nothing about their owner, so :func:`claim_snakemake_folder` (called by the
+  workflow's main process while it reads the Snakefile, before Snakemake takes its locks) registers
+  the invocation in ``.snakemake/xmc-instances/`` (a file named by :func:`owner_tag`, holding the
+  process's start time), removes the registrations of instances that are gone, and removes the lock
+  files only when **no other registered invocation is alive** (every invocation registers before
+  Snakemake locks, so the lock files are then an ended one's): each registered one on this host
+  ended (its pid gone, or reused by a process that started later) and none registered from another
+  host (a shared file system: its liveness cannot be seen from here).  Otherwise the locks stay and
+  Snakemake's own message (and ``--unlock``) apply.  Reading: that is ``--unlock`` done for the user
+  exactly when it cannot break a running invocation.  Snakemake 9 removes the whole ``locks``
+  folder when *any* invocation ends (``FilePersistence._delete_locks``), so its locks never were a
+  per-invocation guarantee; what protects concurrent invocations here is that they work on
+  disjoint outputs (README, "Concurrent invocations").
+
 * **stdout.**  :func:`stdout_to_stderr` sends file descriptor 1 to stderr for a while: native
   libraries (omikuji's Rust logger) write to the descriptor, below ``sys.stdout``.
 """
@@ -42,10 +59,12 @@ import socket
 import sys
 import threading
 import zlib
+from pathlib import Path
 from typing import Iterator
 
 __all__ = ["HOST", "owner_tag", "parse_owner_tag", "pid_alive", "pid_gone", "starter_chain", "chain_broken",
-           "guard_against_orphaning", "guard_log", "stdout_to_stderr", "SHELLS", "COMMAND_WRAPPERS"]
+           "guard_against_orphaning", "guard_log", "stdout_to_stderr", "SHELLS", "COMMAND_WRAPPERS",
+           "process_started", "claim_snakemake_folder", "snakemake_instances"]
 
 HOST = socket.gethostname()
 _HOST_HASH = f"{zlib.crc32(HOST.encode('utf-8', 'replace')):08x}"
@@ -95,6 +114,16 @@ def pid_gone(pid: int, host: str | None = None) -> bool:
     if host is not None and host != HOST:
         return False
     return not pid_alive(pid)
+
+
+def process_started(pid: int) -> float | None:
+    """The start time (seconds since the epoch) of process ``pid`` on this machine, or None if unknown."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - gone, not ours to read, or no psutil
+        return None
 
 
 # --------------------------------------------------------------------------- orphans
@@ -222,6 +251,72 @@ def guard_log(log: logging.Logger | None) -> None:
     """Where the running guard reports an orphaning (the stage's log, once the stage has one)."""
     if _GUARD:
         _GUARD[0].log = log
+
+
+# --------------------------------------------------------------------------- Snakemake's locks
+
+#: Under Snakemake's state folder: one file per running invocation of this workflow.
+INSTANCES = "xmc-instances"
+
+
+def snakemake_instances(state: str | os.PathLike = ".snakemake") -> list[tuple[Path, int, bool, bool]]:
+    """``(file, pid, on this host, alive)`` for each invocation registered under ``state``.  An instance
+    of another host always counts as alive (its liveness cannot be seen from here); one of this host is
+    alive while its pid runs a process that started no later than the registration says."""
+    out = []
+    folder = Path(state) / INSTANCES
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for f in sorted(folder.iterdir()):
+            owner = parse_owner_tag(f.name)
+            if owner is None:
+                continue
+            pid, here = owner
+            alive = True
+            if here:
+                alive = pid_alive(pid)
+                if alive:
+                    with contextlib.suppress(OSError, ValueError):
+                        registered = float(f.read_text().split()[0])
+                        started = process_started(pid)
+                        alive = started is None or started <= registered + 1.0   # a later process reused the pid
+            out.append((f, pid, here, alive))
+    return out
+
+
+def claim_snakemake_folder(state: str | os.PathLike = ".snakemake", pid: int | None = None) -> list[str]:
+    """Register invocation ``pid`` (default: this process) of the workflow under ``state``, forget the
+    registered invocations that are gone, and remove Snakemake's lock files when no other registered
+    invocation is alive (see the module docstring).  The registration is removed again when the
+    process exits normally (``atexit``).  Returns what was done, one sentence each, for the log."""
+    import atexit
+    import time
+
+    pid = os.getpid() if pid is None else int(pid)
+    folder = Path(state) / INSTANCES
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / owner_tag(pid)
+    started = process_started(pid) or time.time()
+    mine.write_text(f"{started:.3f} {HOST} {pid}\n")
+    if pid == os.getpid():
+        atexit.register(lambda: mine.unlink(missing_ok=True))
+    notes, others_alive = [], []
+    for f, opid, here, alive in snakemake_instances(state):
+        if f == mine:
+            continue
+        if alive:
+            others_alive.append(f"{opid}" + ("" if here else " on another host"))
+        else:
+            f.unlink(missing_ok=True)
+            notes.append(f"forgot the Snakemake invocation {opid}, which ended without cleaning up")
+    locks = sorted(Path(state, "locks").glob("*.lock"))
+    if locks and not others_alive:
+        for lock in locks:
+            lock.unlink(missing_ok=True)
+        notes.append(f"removed Snakemake's lock files {', '.join(l.name for l in locks)}, left by an invocation that "
+                     "ended without removing them: no other invocation of this workflow is running in this folder")
+    elif locks and others_alive:
+        notes.append(f"kept Snakemake's lock files: invocation(s) {', '.join(others_alive)} may still be running")
+    return notes
 
 
 # --------------------------------------------------------------------------- stdout

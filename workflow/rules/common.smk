@@ -15,6 +15,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [workflow.basedir, os.envi
 from xmc_steps import config as xcfg  # noqa: E402
 from xmc_steps import datasets as xds  # noqa: E402
 from xmc_steps import layout as lay  # noqa: E402
+from xmc_steps import proc as xproc  # noqa: E402
+
+# before Snakemake takes its locks: register this invocation and remove the locks a killed one left
+# when no other invocation is running here (xmc_steps/proc.py, "Snakemake's locks"); job processes skip it
+if workflow.is_main_process:
+    for _note in xproc.claim_snakemake_folder(".snakemake"):
+        sys.stderr.write(f"xmc: {_note}\n")
 
 try:
     xcfg.validate(config, source="config.yaml (with --config overrides)")

@@ -103,10 +103,10 @@ Staged training (§3.4) and the hyper-parameters
 * The training recipe is ``train`` (:class:`xmc_steps.trainer.TrainParams`, ``lr`` unset: the three
   rates below); epochs become steps as ``ceil(train.epochs * N / (batch_size * grad_accum))``, the
   warm-up is a fraction of them (``train.warmup``, 0.1 by default; ``warmup_steps`` fixes a count).
-* Stage-dependent defaults of the class (the authors' Amazon-670K settings from their public code):
-  stage 1 15 epochs, ``lr_encoder 1e-4``, ``lr_clf 1e-2``, ``lambda_ 0``; stage 2 30 epochs,
-  ``lr_encoder 3e-5``, ``lr_clf 3e-4``, ``lr_A 5e-3``, ``lambda_ 0.05``; config.yaml sets the epochs
-  (see "Choosing the defaults").  ``alpha 10``, ``beta = L / C``, ``kappa = min(L, ceil(10 L / C))``;
+* Stage-dependent defaults (:data:`.params.STAGE_DEFAULTS`, config.yaml's, see "Choosing the
+  defaults"): stage 1 2 epochs, ``lr_encoder 1e-4``, ``lr_clf 1e-3``, ``lambda_ 0``; stage 2 2 epochs,
+  ``lr_encoder 3e-5``, ``lr_clf 3e-4``, ``lr_A 5e-3``, ``lambda_ 0.05``.  The authors' Amazon-670K
+  settings from their public code (15 and 30 epochs, stage 1 ``lr_clf 1e-2``) are config.paper.yaml's.  ``alpha 10``, ``beta = L / C``, ``kappa = min(L, ceil(10 L / C))``;
   ``b`` and ``K`` from the data (below).
 * ``wl`` is a dense ``L x D`` parameter: its gradient (the backward of the ``B x K`` row
   gather) and AdamW's update are dense over ``L`` once per optimisation step, as in the

@@ -20,11 +20,11 @@ written.  ``predict`` writes the top-``topk`` (default 100) labels by ``p``
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import encoders, io, neural
+from ..curves import plot_curve
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
                             stage_params, training_device)
 from ..stage import StageError, add_common_args, stage_run
@@ -167,7 +167,10 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
                     "generator": head or {"kept": "trained"},
                     **described}
             save_trained(st, out, model, "lightxml.json", meta, FORMAT)
-            plot_curve(out / "curve.png", curve, m["p_at_1"], prior["p_at_1"], trainer.step)
+            plot_curve(out / "curve.png", {k: {"valid_p_at_1": v} for k, v in curve.items()},
+                       {"valid_p_at_1": "P@1 (valid subset, current weights)"},
+                       {"frequency prior": prior["p_at_1"]}, ("final model, all valid", m["p_at_1"]), "LightXML",
+                       "valid P@1")
             st.output("curve", out / "curve.png")
         remove_checkpoints(ckpt_dir)
 
@@ -191,30 +194,6 @@ def guard(method: str, m: Mapping[str, float], prior: Mapping[str, float], start
                 f"the rates ({sec}.train.lr, {sec}.lr_generator), train longer ({sec}.train.epochs), or set "
                 f"{sec}.allow_weak: true to keep this model"), verdict
     return None, verdict
-
-
-def plot_curve(path: str | os.PathLike, curve: Mapping[int, float], final: float, prior: float, steps: int) -> None:
-    """PNG of the valid P@1 over the training steps, the final model's and the frequency prior's as marks."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    xs = sorted(curve)
-    if xs:
-        ax.plot(xs, [curve[s] for s in xs], "o-", label="P@1 (valid subset, current weights)")
-    ax.plot([steps], [final], "k*", ms=12, label=f"final model, all valid: {final:.3f}")
-    ax.axhline(prior, linestyle=":", color="gray", label=f"frequency prior: {prior:.3f}")
-    ax.set_xlabel("optimisation step")
-    ax.set_ylabel("valid P@1")
-    ax.set_ylim(0, 1)
-    ax.set_title("LightXML")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
 
 
 def _predict_main(args: argparse.Namespace) -> None:
