@@ -31,8 +31,10 @@ def _toy(tmp_path: Path) -> Path:
                              label_texts=[f"{lab}w0 {lab}w1" for lab in sorted(words)])
 
 
-def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
-    """Run snakemake in ``tmp_path`` with the project's config plus an override file."""
+def _command(tmp_path, *targets, extra=(), overrides=None, env=None) -> tuple[list[str], dict[str, str]]:
+    """The snakemake command line and environment that :func:`_run` runs in ``tmp_path`` (the project's
+    config plus an override file, written here); no flag beyond what the README's command needs to
+    find the Snakefile, the folder and the configs."""
     import yaml
 
     # one thread per job: snakemake --cores 2 then runs two of the toy's small jobs at once
@@ -45,6 +47,12 @@ def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
                        "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "override.yaml"), *extra]
     e = dict(os.environ, XMC_TRACKING="1", **(env or {}))
     e.pop("MLFLOW_TRACKING_URI", None)
+    return cmd, e
+
+
+def _run(tmp_path, *targets, extra=(), overrides=None, check=True, env=None):
+    """Run snakemake in ``tmp_path`` with the project's config plus an override file."""
+    cmd, e = _command(tmp_path, *targets, extra=extra, overrides=overrides, env=env)
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=e, timeout=1500)
     if check and r.returncode != 0:
         raise AssertionError(f"snakemake failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")

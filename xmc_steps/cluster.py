@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import argparse
 
-from . import io
+import scipy.sparse as sp
+
+from . import io, resources
 from .cluster_tree import hierarchical_kmeans, tree_levels
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 # --------------------------------------------------------------------------- CLI
+
+
+def cluster_bytes(emb: sp.spmatrix) -> int:
+    """Memory :func:`hierarchical_kmeans` adds to the loaded ``L x d`` embedding: at the root split a copy
+    of every row and its re-indexed copy (2x the embedding), two dense centroids, and per-label codes
+    and orders (about 40 bytes a label)."""
+    L, d = emb.shape
+    return 2 * resources.csr_bytes(L, emb.nnz) + resources.dense_bytes(2, d) + 40 * L
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
             tree_levels(emb.shape[0], int(cfg["branching"]), int(cfg["leaf_size"]), int(cfg["min_leaves"]))
         except ValueError as e:
             raise StageError(str(e)) from e
+        resources.check_memory(f"clustering {emb.shape[0]:,} labels", cluster_bytes(emb),
+                               "cluster.label_embedding or tfidf.max_features (a smaller L x d embedding)", st.log)
         with st.timed("cluster"):
             tree = hierarchical_kmeans(emb, int(cfg["branching"]), int(cfg["leaf_size"]), int(cfg["seed"]),
                                        int(cfg["max_iter"]), int(cfg["threads"]), progress=st.log.info,

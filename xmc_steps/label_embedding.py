@@ -30,6 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import io
+from . import resources
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 KINDS = ("pifa-tfidf", "pifa-neural", "text-emb")
@@ -62,6 +63,15 @@ def pifa(X: sp.spmatrix, Y: sp.spmatrix) -> sp.csr_matrix:
     Yb.eliminate_zeros()
     emb = (Yb.T.tocsr() @ X).tocsr()
     return l2_normalize_rows(emb)
+
+
+def pifa_bytes(X: sp.spmatrix, Y: sp.spmatrix) -> int:
+    """Memory of :func:`pifa` on ``X`` (N x D) and ``Y`` (N x L): the L x D product and its normalised
+    copy, each with at most ``min(L D, sum_i nnz(y_i) nnz(x_i))`` non-zeros (the bound: no overlap)."""
+    X, Y = sp.csr_matrix(X), sp.csr_matrix(Y)
+    bound = min(float(Y.shape[1]) * X.shape[1],
+                float(np.dot(np.diff(Y.indptr).astype(np.float64), np.diff(X.indptr).astype(np.float64))))
+    return 2 * resources.csr_bytes(Y.shape[1], bound)
 
 
 def _load_features(path: str) -> sp.csr_matrix:
@@ -121,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
             Y = _stack(args.labels)
             if X.shape[0] != Y.shape[0]:
                 raise StageError(f"features have {X.shape[0]} rows but labels have {Y.shape[0]}")
+            resources.check_memory(f"{args.kind}: the {Y.shape[1]:,} x {X.shape[1]:,} label embedding (up to)",
+                                   pifa_bytes(X, Y), "tfidf.max_features (fewer dimensions), or "
+                                   "cluster.label_embedding: text-emb (L x 384 dense)", st.log)
             with st.timed("embed"):
                 emb = pifa(X, Y)
         n_empty = int(np.sum(np.diff(emb.indptr) == 0))

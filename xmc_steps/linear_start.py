@@ -20,6 +20,16 @@ import scipy.sparse as sp
 from .negatives import binarize
 
 
+def least_squares_bytes(n: int, d: int, k: int, chunk: int | None = None) -> int:
+    """Memory of :func:`least_squares_head` on ``n x d`` embeddings for ``k`` outputs: the float64
+    copy of the embeddings, the float64 right-hand side and solution of one block of outputs, and
+    the float32 ``k x d`` result."""
+    from .resources import dense_bytes
+
+    block = k if chunk is None else min(k, max(1, int(chunk)))
+    return dense_bytes(n, d, dtype=np.float64) + 2 * dense_bytes(block, d, dtype=np.float64) + dense_bytes(k, d)
+
+
 def least_squares_head(emb: np.ndarray, targets: sp.spmatrix, l2: float = 0.001, scale: float = 1.0,
                        bias: bool = False, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """``(W, b)``: the ridge fit of ``scale * (2T - 1)`` (``T`` = ``targets`` binarised, ``N x K``) on

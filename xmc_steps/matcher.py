@@ -165,8 +165,8 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from . import encoders, io, neural
-from .linear_start import least_squares_head
+from . import encoders, io, neural, resources
+from .linear_start import least_squares_bytes, least_squares_head
 from .negatives import binarize
 from .neural_stage import (load_tokens, load_trained, record_training, remove_checkpoints, save_trained,
                            stage_params, training_device)
@@ -587,6 +587,14 @@ def linear_head(emb: np.ndarray, M: sp.spmatrix, l2: float = 0.01) -> np.ndarray
     return least_squares_head(emb, M, l2)[0]
 
 
+def matcher_bytes(n: int, d: int, K: int, batch_size: int) -> int:
+    """Host memory the matcher holds in proportion to K: the ``K x d`` head with its gradient and
+    AdamW's moments, the least-squares start over the ``n`` training embeddings, and a batch's
+    dense targets and scores.  (On a GPU the head's state is in device memory: not checked here.)"""
+    return (resources.adam_state_bytes(K * d) + least_squares_bytes(n, d, K)
+            + 2 * resources.dense_bytes(batch_size, K))
+
+
 def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: MatcherParams | Mapping[str, Any],
                   ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                   on_step: Callable[[int, dict[str, float]], Any] | None = None,
@@ -611,6 +619,10 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
     K = M_train.shape[1]
     model = build_model(params, K)
     tp = params.train.resolved(len(tokens_train))
+    resources.check_memory(f"the matcher's {K:,}-cluster head (training state, least-squares start, batch targets)",
+                           matcher_bytes(len(tokens_train), int(model.encoder.dim), K, tp.batch_size),
+                           "xtransformer.cluster.leaf_size (K = 2^ceil(log2(L / leaf_size))) or "
+                           "xtransformer.matcher.train.batch_size", log)
     lr_head = params.lr_head if params.lr_head is not None else tp.lr
     groups = param_groups({"encoder": (model.encoder, tp.lr), "head": (model.head, lr_head)}, tp.weight_decay)
     fingerprint = {"encoder": params.encoder, "pooling": params.pooling, "last_k": params.last_k, "K": K,

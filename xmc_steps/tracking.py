@@ -97,6 +97,7 @@ __all__ = [
     "git_commit",
     "mark_killed_runs",
     "outputs_key",
+    "stage_entities",
     "SHARED",
 ]
 
@@ -402,24 +403,18 @@ def log_stage(record: Mapping[str, Any], step_metrics: Iterable[tuple[str, float
         ) from e
 
 
-def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> str:
-    from mlflow.entities import Metric
+def stage_entities(record: Mapping[str, Any], commit: str | None = None, log=None
+                   ) -> tuple[dict[str, str], dict[str, str], dict[str, float]]:
+    """``(params, tags, final metrics)`` of the child run that :func:`log_stage` makes from a stage
+    ``record``: what a check of the store (``bench/bench_concurrency.py``) expects to find there."""
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME
 
-    t_start = time.perf_counter()
     stage = str(record.get("stage") or "")
     rule = str(record.get("rule") or stage or "stage")
     dataset = str(record.get("dataset") or "")
-    method = str(record.get("method") or "")
-    method_key = method or SHARED
+    method_key = str(record.get("method") or "") or SHARED
     config_hash = str(record.get("config_hash") or "")
-    commit = git_commit()
-
-    now_ms = int(time.time() * 1000)
-    wall = _float(record.get("wall_s")) or 0.0
-    start_ms = now_ms - int(max(wall, 0.0) * 1000)
-
-    # ---- everything that goes into the child run, prepared before taking the lock
+    commit = git_commit() if commit is None else commit
     params = flatten_params(record.get("params") or {})
     for k, v in flatten_params(record.get("extra") or {}, prefix="extra.").items():
         params.setdefault(k, v)
@@ -462,6 +457,27 @@ def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> 
         f = _float(v)
         if f is not None:
             final[_clean_key(f"time_s.{k}")] = f
+    return params, tags, final
+
+
+def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> str:
+    from mlflow.entities import Metric
+
+    t_start = time.perf_counter()
+    stage = str(record.get("stage") or "")
+    rule = str(record.get("rule") or stage or "stage")
+    dataset = str(record.get("dataset") or "")
+    method = str(record.get("method") or "")
+    method_key = method or SHARED
+    config_hash = str(record.get("config_hash") or "")
+    commit = git_commit()
+
+    now_ms = int(time.time() * 1000)
+    wall = _float(record.get("wall_s")) or 0.0
+    start_ms = now_ms - int(max(wall, 0.0) * 1000)
+
+    # ---- everything that goes into the child run, prepared before taking the lock
+    params, tags, final = stage_entities(record, commit, log)
     metrics = [Metric(k, v, now_ms, 0) for k, v in final.items()]
     curve = []
     for name, value, step in step_metrics:

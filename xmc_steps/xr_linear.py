@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from . import io
+from . import io, resources
 from .cluster_tree import ClusterTree
 from .negatives import binarize, check_kind, combine
 from .params import Params
@@ -206,6 +206,27 @@ class XRLinearModel:
 # --------------------------------------------------------------------------- CLI
 
 
+def max_children(tree: ClusterTree) -> int:
+    """The most children any node of ``tree`` has (a leaf cluster's labels, or B)."""
+    return max((int(np.bincount(tree.parents(t)).max()) for t in range(1, tree.depth + 1)), default=1)
+
+
+def train_bytes(n: int, nnz: int, tree: ClusterTree, p: XRLinearParams) -> int:
+    """Memory :meth:`XRLinearModel.train` allocates in proportion to N x (candidates): the features
+    with their bias column, and with MAN negatives each level's candidates (the children of the
+    top-``beam`` nodes of every document) and their scores."""
+    cand = float(n) * p.beam * max_children(tree) if p.negatives in ("man", "tfn+man") else 0.0
+    return resources.csr_bytes(n, nnz + n) + 2 * resources.csr_bytes(n, cand)
+
+
+def predict_bytes(n: int, tree: ClusterTree, beam: int, keep: int, batch_size: int = PREDICT_BATCH) -> int:
+    """Memory of :meth:`XRLinearModel._search` over ``n`` documents: the kept ``n x keep`` scores (the
+    batches' parts and their stack) and one batch's candidates at the widest level (candidates,
+    scores and transformed scores)."""
+    rows = min(n, batch_size)
+    return 2 * resources.csr_bytes(n, float(n) * keep) + 3 * resources.csr_bytes(rows, float(rows) * beam * max_children(tree))
+
+
 def _stack(paths: list[str]) -> sp.csr_matrix:
     mats = [io.load_csr(p) for p in paths]
     return mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
@@ -231,6 +252,10 @@ def _train_cli(args) -> None:
             raise StageError(f"labels have {Y.shape[1]} columns but the tree has {tree.n_labels} labels")
         st.log.info("training xr-linear: %d instances, %d features, %d labels, tree %s, params %s",
                     X.shape[0], X.shape[1], Y.shape[1], tree.level_sizes, params.to_dict())
+        resources.check_memory(f"xr-linear training on {X.shape[0]:,} documents (tree {tree.level_sizes})",
+                               train_bytes(X.shape[0], X.nnz, tree, params),
+                               "xr_linear.beam or xr_linear.negatives: tfn (the MAN candidates), or cluster.leaf_size "
+                               "(labels per leaf)", st.log)
         with st.timed("train"):
             model = XRLinearModel.train(X, Y, tree, params, log=st.log)
         out = Path(args.out)
@@ -258,6 +283,9 @@ def _predict_cli(args) -> None:
             raise StageError(f"features have {X.shape[1]} columns, the model expects {model.n_features}")
         cfg["transform"] = cfg["transform"] or model.params.transform
         st.params.update(cfg)
+        resources.check_memory(f"xr-linear predictions of {X.shape[0]:,} documents",
+                               predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), int(cfg["topk"])),
+                               "xr_linear.topk (predictions kept per document) or xr_linear.beam", st.log)
         t0 = time.perf_counter()
         with st.timed("predict"):
             P = model.predict(X, beam=int(cfg["beam"]), topk=int(cfg["topk"]), transform=cfg["transform"])
@@ -287,6 +315,10 @@ def _clusters_cli(args) -> None:
             X = io.load_csr(f)
             if X.shape[1] != model.n_features:
                 raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
+            keep = max(int(cfg["beam"]), int(cfg["keep"] or cfg["beam"]))
+            resources.check_memory(f"{f}: the top-{keep} clusters of {X.shape[0]:,} documents",
+                                   predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), keep),
+                                   "xtransformer.matcher.topb (clusters kept per document)", st.log)
             t0 = time.perf_counter()
             with st.timed("predict"):
                 S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"],

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from .. import encoders, io, neural
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
@@ -43,6 +44,9 @@ from .params import EliasParams
 from .train import train_elias
 
 # --------------------------------------------------------------------------- CLI
+
+#: the classifiers stage 1 re-fits after training (``head_refit``)
+HEADS = ("Wc", "wl", "wl_bias")
 
 
 def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -> int:
@@ -178,10 +182,37 @@ def _train_main(args: argparse.Namespace) -> None:
                                       valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
             record_training(st, trainer)
             gw = guard_width(model.K, L)
-            with st.timed("valid"):
+
+            def valid_eval() -> tuple[dict[str, Any], dict[str, float]]:
                 r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
                             amp=params.amp, shortlist_topk=gw, with_emb=False, progress=st.log.info)
-                m = shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
+                return r, shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
+
+            with st.timed("valid"):
+                r, m = valid_eval()
+            emb_train = None
+            if stage == 1:      # the fine-tuned embeddings of the training texts: the re-fit and Eq. 9's M
+                with st.timed("embed_train"):
+                    emb_train = neural.embed(model.encoder, tokens["train"], params.eval_batch_size, trainer.device,
+                                             params.amp, progress=st.log.info)
+                if params.head_refit:
+                    with st.timed("head_refit"):
+                        trained = {k: v.detach().clone() for k, v in model.named_parameters() if k in HEADS}
+                        linear_start(model, emb_train, Y_train, params.head_init_l2, params.head_init_scale)
+                        r2, m2 = valid_eval()
+                    keep = m2["shortlist_recall"] > m["shortlist_recall"]
+                    st.log.info("head re-fit: valid shortlist recall@%d %.4f as trained, %.4f re-fit by least squares on "
+                                "the fine-tuned embeddings: keeping the %s W_C and W_L", gw, m["shortlist_recall"],
+                                m2["shortlist_recall"], "re-fit" if keep else "trained")
+                    st.metric("valid_shortlist_recall_trained_head", m["shortlist_recall"])
+                    st.metric("valid_shortlist_recall_refit_head", m2["shortlist_recall"])
+                    if keep:
+                        r, m = r2, m2
+                    else:
+                        with torch.no_grad():
+                            for k, v in model.named_parameters():
+                                if k in trained:
+                                    v.copy_(trained[k])
             with st.timed("guard"):
                 previous_rows = None
                 if stage == 2:
@@ -231,8 +262,7 @@ def _train_main(args: argparse.Namespace) -> None:
             save_trained(st, out, model, "elias.json", meta, FORMAT)
             if stage == 1:
                 with st.timed("clusters_train"):
-                    M = cluster_topb(model, tokens["train"], params.b, params.eval_batch_size, trainer.device, params.amp,
-                                     progress=st.log.info)
+                    M = cluster_topb(model, emb_train, params.b)
                 io.save_csr(out / "clusters_train.npz", M)
                 st.output("clusters_train", out / "clusters_train.npz")
         remove_checkpoints(ckpt_dir)

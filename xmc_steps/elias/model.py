@@ -388,25 +388,18 @@ def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int
 
 
 @torch.no_grad()
-def cluster_topb(model: EliasModel, tokens: neural.TokenData, b: int | None = None, batch_size: int = 128,
-                 device: torch.device | str = "auto", amp: str = "auto",
-                 progress: Callable[..., Any] | None = neural._default_log.info) -> sp.csr_matrix:
-    """Eq. 9's ``M``: CSR N x C with each document's top-``b`` cluster scores ``s_c`` (Eq. 1)."""
-    device = neural.resolve_device(device)
-    model.to(device)
-    n, C = len(tokens), model.n_clusters
+def cluster_topb(model: EliasModel, emb: np.ndarray, b: int | None = None, batch_size: int = 4096) -> sp.csr_matrix:
+    """Eq. 9's ``M`` from the documents' embeddings ``phi(x)`` (N x D, on the model's device in
+    batches): CSR N x C with each document's top-``b`` cluster scores ``s_c`` (Eq. 1)."""
+    n, C = len(emb), model.n_clusters
     b = min(int(b or model.b), C)
     vals = np.zeros((n, b), dtype=np.float32)
     inds = np.zeros((n, b), dtype=np.int32)
-
-    def fn(ids, mask):
-        logits, s = model.cluster_scores(model.encode(ids, mask))
+    for a in range(0, n, batch_size):
+        e = torch.from_numpy(np.asarray(emb[a:a + batch_size], dtype=np.float32)).to(model.Wc.device)
+        logits, s = model.cluster_scores(e)
         i = torch.topk(logits, b, dim=1).indices
-        return s.gather(1, i), i
-
-    for idx, (v, i) in neural.run_inference(fn, model, tokens, batch_size, device, amp, progress,
-                                            what="elias clusters"):
-        vals[idx], inds[idx] = v.float().cpu().numpy(), i.cpu().numpy().astype(np.int32)
+        vals[a:a + len(e)], inds[a:a + len(e)] = s.gather(1, i).cpu().numpy(), i.cpu().numpy().astype(np.int32)
     M = sp.csr_matrix((vals.ravel(), inds.ravel(), np.arange(n + 1, dtype=np.int64) * b), shape=(n, C))
     M.sort_indices()
     return M

@@ -70,6 +70,8 @@ class EliasParams(Params):
                                     # embeddings of the training texts, ours) | random (N(0, 0.02), the paper)
     head_init_l2: float = 0.001     # the least-squares fit's ridge, relative to the mean eigenvalue
     head_init_scale: float = 4.0    # the fit's targets are +-scale (logits of about +-scale)
+    head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
+                                    # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
     allow_weak: bool = False        # true: a stage below the guard's baselines only warns
     lambda_: float | None = None    # None: 0 (stage 1), 0.05 (stage 2)
     eps: float = 1e-6
