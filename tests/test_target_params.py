@@ -39,7 +39,7 @@ def test_concepts_read_each_methods_own_keys():
     assert (xt["negatives"], tfn["negatives"]) == ("tfn+man", "tfn")
     assert (xt["xtransformer.applied.ranker_input"], tfn["xtransformer.applied.ranker_input"]) == ("tfidf+neural", "tfidf")
     assert (xt["ensemble"], ens["ensemble"]) == ("1", "2")
-    assert (_params("elias")["epochs"], _params("elias-stage1")["epochs"]) == ("1.0+1.0", "1.0")
+    assert (_params("elias")["epochs"], _params("elias-stage1")["epochs"]) == ("2.0+2.0", "2.0")
     assert _params("elias-ensemble")["ensemble"] == "3"
     lx, st = _params("lightxml"), _params("lightxml-static")
     assert (lx["negatives"], st["negatives"], _params("lightxml-ensemble")["ensemble"]) == ("dynamic", "static", "3")
