@@ -3,7 +3,7 @@ invocation fail on a lock?
 
     python bench/bench_concurrency.py --n 16 --store sqlite      # the default store, results/mlflow.db
     python bench/bench_concurrency.py --n 16 --store server      # a local `mlflow server` (scripts/mlflow-server.sh)
-    python bench/bench_concurrency.py --n 4 --layout same        # N invocations of ONE target (what is not supported)
+    python bench/bench_concurrency.py --n 4 --layout same [--nolock]   # N invocations of ONE target (not supported)
 
 In a fresh folder (``--work``, default a temporary one) it writes ``--n`` tiny synthetic datasets
 (:mod:`xmc_steps.synth`, one per invocation: ``c00``, ``c01``, ...), starts the ``--n`` invocations at
@@ -13,14 +13,14 @@ store against the stage records the jobs wrote (``*record.json``: each names its
 
 * every record's run is in the store and FINISHED, with every parameter and final metric that
   :func:`xmc_steps.tracking.stage_entities` derives from the record;
-* each dataset has exactly one parent run per target and one ``shared`` (none created twice);
+* each dataset has exactly one parent run per target and one ``shared`` (none created twice), and the
+  store holds no stage run beyond the records' (``stage_runs_in_store``: a job run twice shows here);
 * no invocation's output or stage log mentions a lock error (Snakemake's ``LockException``, SQLite's
   "database is locked" reaching a job, the tracking lock's timeout); the tracking's own retries on a
   busy database (which succeed) are counted apart.
 
-``--layout same`` starts the ``--n`` invocations on one dataset's target instead, with ``--nolock``
-(without it every invocation but the first stops on Snakemake's lock, as designed): it shows what
-happens to a target that several invocations build at once.
+``--layout same`` starts the ``--n`` invocations on one dataset's target instead (``--nolock``: without
+Snakemake's lock): it shows what happens to a target that several invocations build at once.
 
 Prints one JSON line of figures (also written to ``<work>/figures.json``).  Every invocation uses
 one core; on a machine with fewer cores than ``--n`` they share them (the figure is about
@@ -122,12 +122,15 @@ def check_store(uri: str, work: Path, datasets: list[str], methods: list[str]) -
 
     client = MlflowClient(uri)
     fig = {"runs_expected": 0, "runs_found": 0, "runs_not_finished": 0, "params_expected": 0, "params_found": 0,
-           "metrics_expected": 0, "metrics_found": 0, "parents_expected": 0, "parents_found": 0, "missing": []}
+           "metrics_expected": 0, "metrics_found": 0, "parents_expected": 0, "parents_found": 0,
+           "parent_metrics_expected": 0, "parent_metrics_found": 0, "stage_runs_in_store": 0, "missing": []}
     for d in datasets:
         exp = client.get_experiment_by_name(d)
         runs = client.search_runs([exp.experiment_id], max_results=10000) if exp else []
         by_id = {r.info.run_id: r for r in runs}
-        for rec_path in sorted((work / "results" / d).rglob("*record.json")):
+        fig["stage_runs_in_store"] += sum(r.data.tags.get("xmc.run_type") == "stage" for r in runs)
+        folder = work / "results" / d
+        for rec_path in sorted([*folder.rglob("*record.json"), *(folder / "records").glob("*.json")]):
             rec = json.loads(rec_path.read_text())
             if "mlflow_run_id" not in rec:
                 continue
@@ -143,10 +146,19 @@ def check_store(uri: str, work: Path, datasets: list[str], methods: list[str]) -
             fig["runs_not_finished"] += run.info.status != "FINISHED"
             fig["params_found"] += sum(run.data.params.get(k) == v for k, v in params.items())
             fig["metrics_found"] += sum(k in run.data.metrics for k in metrics)
-        parents = [r.data.tags.get("xmc.method") for r in runs if r.data.tags.get("xmc.run_type") == "target"]
+        parents = {}
+        for r in runs:
+            if r.data.tags.get("xmc.run_type") == "target":
+                parents.setdefault(r.data.tags.get("xmc.method"), []).append(r)
         want = [*methods, tracking.SHARED]
         fig["parents_expected"] += len(want)
-        fig["parents_found"] += sum(parents.count(m) for m in want)
+        fig["parents_found"] += sum(len(parents.get(m, [])) for m in want)
+        for m in methods:                       # the evaluate stage's test metrics on the target's parent
+            res = folder / f"{m}.json"
+            if res.exists() and len(parents.get(m, [])) == 1:
+                numeric = [k for k, v in json.loads(res.read_text())["metrics"].items() if isinstance(v, (int, float))]
+                fig["parent_metrics_expected"] += len(numeric)
+                fig["parent_metrics_found"] += sum(k in parents[m][0].data.metrics for k in numeric)
     return fig
 
 
@@ -169,7 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n", type=int, default=16, help="concurrent invocations")
     p.add_argument("--store", choices=("sqlite", "server"), default="sqlite")
     p.add_argument("--layout", choices=("datasets", "same"), default="datasets",
-                   help="one dataset per invocation, or all on one target with --nolock")
+                   help="one dataset per invocation, or all on one target")
+    p.add_argument("--nolock", action="store_true", help="pass --nolock to every invocation")
     p.add_argument("--method", default="xr-linear", help="the target's method (a linear one is fastest)")
     p.add_argument("--work", help="folder to run in (default: a temporary one, removed unless --keep)")
     p.add_argument("--keep", action="store_true")
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
         for i in range(args.n):
             d = datasets[i] if args.layout == "datasets" else datasets[0]
             procs.append(launch(work, f"results/{d}/{args.method}.json", override, env, args.nice,
-                                nolock=args.layout == "same", tag=f"i{i:02d}"))
+                                nolock=args.nolock, tag=f"i{i:02d}"))
         rcs = [q.wait() for q in procs]
         wall = time.perf_counter() - t0
         store = check_store(uri, work, datasets, [args.method])
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         if server is not None:
             stop_server(server)
     errors, retries, lines = grep_logs(work)
-    fig = {"n": args.n, "store": args.store, "layout": args.layout, "method": args.method,
+    fig = {"n": args.n, "store": args.store, "layout": args.layout, "nolock": args.nolock, "method": args.method,
            "invocations_ok": sum(rc == 0 for rc in rcs), "wall_s": round(wall, 1), **store,
            "lock_errors": errors, "tracking_lock_retries": retries, "lock_error_lines": lines,
            "cpus": os.cpu_count(), "work": str(work)}

@@ -465,3 +465,17 @@ def test_guard_against_hand_numbers():
     # every document 0.5 below stage 1: no noise in the difference, a clear fall
     rep3, _ = elias.check_stage(2, shortlist, Y_valid, Y_train, K=2, previous_rows=np.array([1.5, 0.5, 1.5, np.nan]))
     assert not rep3.keeps_stage1 and "fell below stage 1" in rep3.message()
+
+
+def test_stage1_refuses_before_allocating_what_cannot_fit(tiny, tmp_path, monkeypatch, capsys):
+    """The memory guard (xmc_steps.resources): W_L, W_C and their optimiser state are estimated first."""
+    from xmc_steps import resources
+
+    d = _write_toy(tmp_path)
+    monkeypatch.setattr(resources, "available_memory", lambda: (1024, "test"))
+    argv = ["train", "--stage", "1", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
+            "--labels-valid", str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(tmp_path / "o"),
+            "--params", json.dumps({"encoder": tiny, "train": {"steps": 1}, "device": "cpu"}), "--no-tracking"]
+    assert cli_main(elias.main, argv) == 2
+    err = capsys.readouterr().err
+    assert "W_L (8 x 32)" in err and "elias.cluster.leaf_size" in err and not (tmp_path / "o" / "model.safetensors").exists()

@@ -29,8 +29,7 @@ import argparse
 import numpy as np
 import scipy.sparse as sp
 
-from . import io
-from . import resources
+from . import io, resources
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 KINDS = ("pifa-tfidf", "pifa-neural", "text-emb")

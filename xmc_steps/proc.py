@@ -293,10 +293,13 @@ def claim_snakemake_folder(state: str | os.PathLike = ".snakemake", pid: int | N
 
     pid = os.getpid() if pid is None else int(pid)
     folder = Path(state) / INSTANCES
-    folder.mkdir(parents=True, exist_ok=True)
     mine = folder / owner_tag(pid)
     started = process_started(pid) or time.time()
-    mine.write_text(f"{started:.3f} {HOST} {pid}\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        mine.write_text(f"{started:.3f} {HOST} {pid}\n")
+    except OSError as e:            # a read-only checkout (--report, --dry-run): nothing to claim
+        return [f"could not register this invocation under {folder} ({e}); Snakemake's locks are left as they are"]
     if pid == os.getpid():
         atexit.register(lambda: mine.unlink(missing_ok=True))
     notes, others_alive = [], []
@@ -315,7 +318,8 @@ def claim_snakemake_folder(state: str | os.PathLike = ".snakemake", pid: int | N
         notes.append(f"removed Snakemake's lock files {', '.join(l.name for l in locks)}, left by an invocation that "
                      "ended without removing them: no other invocation of this workflow is running in this folder")
     elif locks and others_alive:
-        notes.append(f"kept Snakemake's lock files: invocation(s) {', '.join(others_alive)} may still be running")
+        more = f" and {len(others_alive) - 3} more" if len(others_alive) > 3 else ""
+        notes.append(f"kept Snakemake's lock files: invocation(s) {', '.join(others_alive[:3])}{more} may still be running")
     return notes
 
 

@@ -99,7 +99,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from . import io
+from . import io, resources
 from .cluster_tree import ClusterTree
 from .negatives import binarize, check_kind, combine
 from .params import Params
@@ -295,6 +295,20 @@ def check_guard(guard_path: str | None, candidates: str, log) -> None:
         raise StageError(why)
 
 
+def ranker_bytes(n: int, nnz_tfidf: int, d: int, n_labels: int, topk: int = 0) -> int:
+    """Memory of the rankers' input and weights: ``TF-IDF ⊕ neural`` as CSR (the ``n x d`` neural block
+    stored entry by entry, built by a stack: twice), the weights (up to ``d`` neural weights in every
+    label's ranker, beside its TF-IDF ones: ``L x d`` at least) and, when predicting, the ``n x topk``
+    scores kept."""
+    X = 2 * resources.csr_bytes(n, float(nnz_tfidf) + float(n) * d)
+    W = resources.csr_bytes(n_labels, float(n_labels) * d) if d else 0
+    return X + W + 2 * resources.csr_bytes(n, float(n) * topk)
+
+
+_RANKER_SETTING = ("xtransformer.ranker.ranker_input: tfidf (the neural block is N x d and adds d weights to every "
+                   "label's ranker)")
+
+
 def _train_cli(args) -> None:
     out = Path(args.out)
     with stage_run("xtransformer_ranker", args, outputs=[str(out)]) as st:
@@ -312,6 +326,9 @@ def _train_cli(args) -> None:
         M_hat = _load_candidates(args, X.shape[0], "the training splits")
         if M_hat.shape[1] != C.shape[1]:
             raise StageError(f"the candidate clusters have {M_hat.shape[1]} columns but the tree's finest level has {C.shape[1]}")
+        d = 0 if emb is None or p.ranker_input == "tfidf" else int(emb.shape[1])
+        resources.check_memory(f"{Y.shape[1]:,} rankers on {X.shape[0]:,} documents ({p.ranker_input})",
+                               ranker_bytes(X.shape[0], X.nnz, d, Y.shape[1]), _RANKER_SETTING, st.log)
         Xr = ranker_features(X, emb, p.ranker_input, p.neural_weight)
         st.log.info("training %d rankers on %d instances x %d features (%s, %s negatives, MAN from the %s "
                     "candidates: %.1f clusters per instance)", Y.shape[1], Xr.shape[0], Xr.shape[1], p.ranker_input,
@@ -351,6 +368,10 @@ def _predict_cli(args) -> None:
         head = load_head(args.matcher_model)
         if emb is None:
             raise StageError("--emb (the matcher's embeddings) is needed for the matcher scores of Eq. 2")
+        d = 0 if p.ranker_input == "tfidf" else int(emb.shape[1])
+        resources.check_memory(f"the rankers' predictions of {X.shape[0]:,} documents ({p.ranker_input})",
+                               ranker_bytes(X.shape[0], X.nnz, d, 0, p.topk),          # the weights are loaded
+                               f"xtransformer's topk (predictions kept per document) or {_RANKER_SETTING}", st.log)
         t0 = time.perf_counter()
         Xr = ranker_features(X, emb, p.ranker_input, p.neural_weight)
         if Xr.shape[1] != meta["n_features"]:

@@ -77,6 +77,29 @@ def _linear_valid(args: argparse.Namespace, b: int, width: int, n_valid: int
     return index, model.predict(X, beam=b, topk=width)
 
 
+def _check_memory(st, params: EliasParams, stage: int, n_train: int, L: int, C: int) -> None:
+    """Refuse before allocating when the classifiers and their optimiser state (``W_L`` L x D, ``W_C``
+    C x D, stage 2's ``A`` C x kappa: each with its gradient and Adam's moments), the least-squares
+    start's buffers and the training split's embeddings would not fit (:func:`xmc_steps.resources.check_memory`)."""
+    from ..encoders import resolve
+    from ..linear_start import least_squares_bytes
+    from ..resources import adam_state_bytes, check_memory, dense_bytes
+
+    try:
+        D = int(io.read_json(resolve(params.encoder) / "config.json")["hidden_size"])
+    except (OSError, ValueError, KeyError):
+        return                                          # the encoder's own loading says what is wrong
+    need = adam_state_bytes(L * D) + adam_state_bytes(C * D) + dense_bytes(n_train, D)
+    if stage == 2:
+        need += adam_state_bytes(C * params.kappa) + dense_bytes(C, params.kappa, dtype=np.int64)
+    elif params.head_init == "linear" or params.head_refit:
+        need += least_squares_bytes(n_train, D, L, chunk=65536)
+    check_memory(f"ELIAS stage {stage}: W_L ({L:,} x {D}), W_C ({C:,} x {D}) with their optimiser state and the "
+                 f"training split's embeddings", need,
+                 "elias.cluster.leaf_size (fewer clusters), a smaller encoder (elias.encoder), or a machine with more "
+                 "memory (resources.elias_stage1.mem_mb)", st.log)
+
+
 def _train_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     stage = int(args.stage)
@@ -138,6 +161,7 @@ def _train_main(args: argparse.Namespace) -> None:
         st.params.update(params.to_dict())
         st.params["stage"] = stage
 
+        _check_memory(st, params, stage, len(tokens["train"]), L, C)
         extra_fp: dict[str, Any] = {"stage": stage}
         ckpt_dir = out / "checkpoints"
         try:

@@ -23,14 +23,14 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import encoders, io, neural
+from .. import encoders, io, neural, resources
 from ..curves import plot_curve
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
                             stage_params, training_device)
 from ..stage import StageError, add_common_args, stage_run
 from .model import FORMAT, build_model, load_lightxml, predict
 from .params import LightXMLParams
-from .train import Guide, frequency_prior, refit_generator, train_lightxml, valid_metrics
+from .train import Guide, frequency_prior, memory_bytes, refit_generator, train_lightxml, valid_metrics
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
@@ -103,6 +103,10 @@ def run_train(args: argparse.Namespace, stage: str, parse: Callable[[Any], Light
             raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
         except ValueError as e:   # e.g. last_k beyond the encoder's layers
             raise StageError(f"encoder '{params.encoder}': {e} (lightxml.last_k)") from e
+        resources.check_memory(f"LightXML's heads for L = {L:,} labels in {model.n_clusters:,} clusters (training state, "
+                               "least-squares starts)", memory_bytes(model, len(tokens["train"]), params.train.batch_size),
+                               "lightxml.hidden (the L x hidden label embeddings), lightxml.flat_max_labels or "
+                               "lightxml.cluster.leaf_size (the generator's clusters)", st.log)
         if params.negatives == "static" and model.flat:
             raise StageError(f"static negatives need label clusters, but {L} labels <= flat_max_labels = "
                              f"{params.flat_max_labels} give one label per cluster (every label scored, no negatives "

@@ -16,7 +16,8 @@ from torch import nn
 from .. import metrics, neural
 from ..neural_stage import valid_subset
 from ..cluster_tree import assignment_matrix
-from ..linear_start import least_squares_head
+from .. import resources
+from ..linear_start import least_squares_bytes, least_squares_head
 from ..trainer import Trainer, WeightAverage, digest, list_checkpoints, param_groups
 from .model import LightXMLModel, predict
 from .params import LightXMLParams
@@ -207,6 +208,20 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[
 #: ``class_loss`` is the text's own classification loss of the step (a guide may weigh itself against it)
 Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                  tuple[torch.Tensor, Mapping[str, float]]]
+
+
+def memory_bytes(model: LightXMLModel, n_train: int, batch_size: int) -> int:
+    """Host memory LightXML holds in proportion to L or K: the generator (``K x D``) and, clustered,
+    the label embeddings (``L x hidden``) with their gradients and AdamW's moments, the least-squares
+    starts of both (:func:`xmc_steps.linear_start.least_squares_bytes`; the label embeddings' in
+    chunks of labels), the cluster table and a batch's dense generator targets and scores.  (On a
+    GPU the training state is in device memory: not checked here.)"""
+    D, L, K, h = model.dim, model.n_labels, model.n_clusters, model.hidden
+    total = resources.adam_state_bytes(K * D) + least_squares_bytes(n_train, D, K) + 2 * resources.dense_bytes(batch_size, K)
+    if not model.flat:
+        total += (resources.adam_state_bytes(L * h) + least_squares_bytes(n_train, h, L, chunk=_LABEL_CHUNK)
+                  + resources.dense_bytes(*model.cluster_labels.shape, dtype=np.int64))
+    return total
 
 
 def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, params: LightXMLParams,
