@@ -125,7 +125,8 @@ def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
     runs = [res("eurlex4k", "gudn", merged),                        # the paper's settings (threads aside)
             res("eurlex4k", "xtransformer", base),                  # config.yaml's defaults
             res("eurlex4k", "parabel", merged),                     # no paper section: a baseline
-            res("amazon3m", "elias", merged)]                       # a figure without a paper section
+            res("amazon3m", "elias", merged),                       # the paper's (its section: issue 33)
+            res("wiki500k", "xr-linear", merged)]                   # a figure without a paper section
     rows = {r["method"] + "@" + r.get("dataset", ""): r for r in
             [dict(row, dataset=run["dataset"]) for run in runs for row in leaderboard.rows_of([run], reported, (base, paper))]}
     gudn, xt = rows["gudn@eurlex4k"], rows["xtransformer@eurlex4k"]
@@ -133,7 +134,8 @@ def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
     assert xt["paper_settings"] is False and "differ from config.yaml + config.paper.yaml" in xt["paper_settings_why"]
     assert "xtransformer.cluster.leaf_size 100 (paper: 62)" in xt["paper_settings_why"]
     assert rows["parabel@eurlex4k"]["paper_settings"] is False
-    assert "no elias section for amazon3m" in rows["elias@amazon3m"]["paper_settings_why"]
+    assert rows["elias@amazon3m"]["paper_settings"] is True
+    assert "no xr_linear section for wiki500k" in rows["xr-linear@wiki500k"]["paper_settings_why"]
     # a row without a paper figure is not marked; without the config files nothing is
     assert leaderboard.rows_of([res("debtags", "xr-linear", base)], reported, (base, paper))[0]["paper_settings"] is None
     assert leaderboard.rows_of([runs[1]], reported)[0]["paper_settings"] is None

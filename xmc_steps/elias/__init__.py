@@ -216,11 +216,11 @@ split) is compared with two trivial indexes that propose as many labels: the mos
 labels, and the linear tree's beam as an index (XR-Linear over the same cluster tree, fit on the train
 split, ``--linear-model``: the labels of its beam of ``b`` clusters by the clusters' scores, the first
 ``w``; its top-``w`` labels by its rankers are recorded beside, ``linear_tree_ranked``).  Stage 2 must
-also not fall below stage 1 by more than two standard errors of the per-document difference.  A stage
-below that fails, naming the numbers and the keys to change, unless ``allow_weak``; the weights stay
+also not fall below stage 1.  "Below" is by more than two standard errors of the per-document
+difference, in both tests (a tie within the validation split's noise passes).  A stage below that fails, naming the numbers and the keys to change, unless ``allow_weak``; the weights stay
 checkpointed, so a rerun does not train again.  Each stage writes ``guard.json`` (the numbers and the
-validation curve), ``guard_recall.npz`` (its per-document valid recalls) and ``curve.png``.  The two
-readings (the tree as an index; the noise margin) were fixed after runs that failed the first
+validation curve), ``guard_recall.npz`` (its per-document valid recalls) and ``curve.png``.  The
+readings (the tree as an index; the noise margins) were fixed after runs that failed the first
 versions; :mod:`.guard` gives the numbers.
 
 Files: :mod:`.params` (:class:`EliasParams`), :mod:`.model` (the network, the index
