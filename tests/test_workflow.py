@@ -428,13 +428,13 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(neural_toy_run, tmp_
 
 @pytest.mark.slow
 def test_elias_guard_stops_a_stage_that_learned_nothing(neural_toy_run, tmp_path):
-    """An ELIAS stage 1 that cannot learn (learning rates of 1e-12, the paper's random start) fails with
+    """An ELIAS stage 1 that cannot learn (learning rates of 1e-12, the paper's random start, no re-fit) fails with
     the numbers and the config keys to change; its checkpoint stays, and allow_weak then goes on from
     it without training again.  Runs in a copy of the neural run's folder, so only ELIAS reruns."""
     tmp_path = tmp_path / "run"
     shutil.copytree(neural_toy_run, tmp_path, symlinks=True)
     tiny = json.loads(json.dumps({k: v for k, v in NEURAL_TINY.items() if k == "elias"}))
-    tiny["elias"].update(allow_weak=False, head_init="random", seeds=[0])
+    tiny["elias"].update(allow_weak=False, head_init="random", head_refit=False, seeds=[0])
     tiny["elias"]["stage1"].update(lr_encoder=1e-12, lr_clf=1e-12)
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}},
             "data_dir": str(neural_toy_run / "data")}
