@@ -31,7 +31,7 @@ TARGETS="$TARGETS results/$Y-random/elias-stage1.json results/debtags-random/eli
 # ONLY="<targets>" runs those instead (FIRST: the same), e.g. one dataset's rows within a short lease
 [ -n "${ONLY:-}" ] && { TARGETS=$ONLY; FIRST=$ONLY; }
 
-table() { python3 bench/results_table.py "$@"; }   # one line per target
+source bench/gpu_dag.sh
 
 SECONDS=0
 if [ "${DRY:-0}" = 1 ]; then
@@ -40,14 +40,8 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 source .gpu/setup.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
-setsid nohup $S --cores 16 --resources gpu=$GPU_JOBS --prioritize $FIRST -- $TARGETS > "$W/dag.log" 2>&1 < /dev/null &
-while pgrep -f "snakemake.*elias" > /dev/null && [ $SECONDS -lt $LIMIT ]; do
-  sleep 10
-  [ $((SECONDS % 60)) -lt 10 ] && { echo "t=$SECONDS"; grep -E "Finished jobid|Error in rule" "$W/dag.log" | tail -2; }
-done
-grep -E "Error|error" "$W/dag.log" | tail -12
-nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-table $TARGETS | tee "$W/table.txt"
+start_dag
+wait_dag "snakemake.*elias"
 # every stage's guard and curve, the stage records (times, memory, rates) and the logs
 tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json logs \
   $(find results -path "*elias*" \( -name "guard.json" -o -name "curve.png" -o -name "*record.json" -o -name "elias.json" \) \

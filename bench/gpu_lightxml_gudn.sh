@@ -35,7 +35,7 @@ for m in lightxml gudn gudn-no-feature-guide gudn-no-link-guide lightxml-ensembl
 done
 for m in lightxml lightxml-static; do TARGETS="$TARGETS results/debtags-clustered/$m.json"; done
 
-table() { python3 bench/results_table.py "$@"; }   # one line per target
+source bench/gpu_dag.sh
 
 SECONDS=0
 if [ "${DRY:-0}" = 1 ]; then
@@ -44,17 +44,11 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 source .gpu/setup.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
-setsid nohup $S --cores 16 --resources gpu=$GPU_JOBS --prioritize $FIRST -- $TARGETS > "$W/dag.log" 2>&1 < /dev/null &
+start_dag
 # the throughput of the pieces on synthetic data, beside the DAG's first (CPU) stages
 timeout 150 python3 bench/bench_neural.py --device cuda --steps 20 --batch-size 16 > "$W/bench_neural.txt" 2>&1
 tail -30 "$W/bench_neural.txt"
-while pgrep -f "snakemake.*lightxml" > /dev/null && [ $SECONDS -lt $LIMIT ]; do
-  sleep 10
-  [ $((SECONDS % 60)) -lt 10 ] && { echo "t=$SECONDS"; grep -E "^\[|Finished job|Error in rule" "$W/dag.log" | tail -3; }
-done
-grep -E "Finished|Error|error" "$W/dag.log" | tail -12
-nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-table $TARGETS | tee "$W/table.txt"
+wait_dag "snakemake.*lightxml"
 tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json results/*/*.png logs \
   $(find results -name "*.json" -path "*lightxml*" -o -name "*.json" -path "*gudn*" -o -name "curve*" -o -name "guard.json" \
     | grep -v checkpoints) 2>/dev/null
