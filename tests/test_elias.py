@@ -281,6 +281,79 @@ def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypat
         assert not touched and moved == set(range(L))   # every row decays at every step
 
 
+def test_wl_accumulator_applies_the_mean_of_k_steps_gradients():
+    """wl_update_every k: no W_L gradient reaches the optimiser between updates; at the k-th step
+    (and the stage's last) the mean of the steps' gradients does, and the sums start again."""
+    class M:
+        wl = torch.nn.Parameter(torch.zeros(3, 2))
+        wl_bias = None
+
+    acc = elias_train.WlAccumulator(M, every=3, total_steps=5)
+    g = [torch.randn(3, 2) for _ in range(5)]
+    for step in (1, 2):
+        M.wl.grad = g[step - 1].clone()
+        acc(step)
+        assert M.wl.grad is None
+    M.wl.grad = g[2].clone()
+    acc(3)
+    torch.testing.assert_close(M.wl.grad, (g[0] + g[1] + g[2]) / 3)
+    M.wl.grad = g[3].clone()
+    acc(4)
+    assert M.wl.grad is None
+    M.wl.grad = g[4].clone()
+    acc(5)                                              # the last step applies what is left
+    torch.testing.assert_close(M.wl.grad, (g[3] + g[4]) / 2)
+    M.wl.grad = None
+    acc(6)                                              # a frozen W_L (wl_delay_steps): nothing to do
+    assert int(acc.count) == 0
+
+
+def test_wl_update_every_moves_wl_only_at_updates_and_resumes_exactly(tiny, tmp_path):
+    """W_L moves at steps 2, 4 and 5 of 5 with k = 2 (W_C at every step); a run stopped at step 3,
+    between two updates, resumes to the same weights as one that was never stopped."""
+    import os
+    import signal
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, cls = toy_tokens(16, 12, 2)
+    Y = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls * 2])
+    tokens = neural.TokenData(ids, lengths)
+    p = elias.EliasParams(encoder=tiny, train=_train(steps=5, batch_size=8, warmup_steps=0, checkpoint_every=0,
+                                                     log_every=1),
+                          wl_update_every=2, eval_every=0, device="cpu").resolved(1, 16, 4, 2)
+    index, value = elias.adjacency_from_assignment(np.array([0, 0, 1, 1]), 2)
+
+    def model():
+        m = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
+        m.set_adjacency(index, value)
+        return m
+
+    m = model()
+    wl = {0: m.wl.detach().clone()}
+    wc = {0: m.Wc.detach().clone()}
+
+    def on_step(step, logs):
+        wl[step], wc[step] = m.wl.detach().clone(), m.Wc.detach().clone()
+
+    elias.train_elias(m, tokens, Y, p, tmp_path / "a", on_step=on_step)
+    moved = [s for s in range(1, 6) if not torch.equal(wl[s], wl[s - 1])]
+    assert moved == [2, 4, 5]
+    assert all(not torch.equal(wc[s], wc[s - 1]) for s in range(1, 6))
+
+    m2 = model()
+
+    def stop_at_3(step, logs):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)        # the trainer checkpoints step 3 and stops
+
+    with pytest.raises(SystemExit):
+        elias.train_elias(m2, tokens, Y, p, tmp_path / "b", on_step=stop_at_3)
+    m3 = model()
+    tr = elias.train_elias(m3, tokens, Y, p, tmp_path / "b")
+    assert tr.resumed_from == 3
+    for k, v in m3.state_dict().items():
+        assert torch.equal(v, m.state_dict()[k]), k
+
+
 # --------------------------------------------------------------------------- CLI, stage 1 -> 2 -> predict
 
 

@@ -105,6 +105,8 @@ def _elias(ds):
         (ds, "elias.index.alpha", 10.0, "ELIAS §3.2, Eq. 1: alpha ~ 10"),
         (ds, "elias C within 2x of L / 100", True, "ELIAS §4: C ~ L/100, as LightXML"),
         (ds, "elias.head_init", "random", "ELIAS §3.4: the paper's model starts from a random initialisation"),
+        (ds, "elias.stage1.wl_update_every", 10, "ELIAS §4: W_L's optimisation update every k = 10 training steps"),
+        (ds, "elias.stage2.wl_update_every", 10, "ELIAS §4: W_L's optimisation update every k = 10 training steps"),
     ]
 
 

@@ -546,13 +546,17 @@ class Trainer:
     # -- loop
     def fit(self, loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, Mapping[str, float]]], n_examples: int,
             batch_fn: Callable[[np.ndarray], Any],
-            step_end: Callable[[int], Mapping[str, float] | None] | None = None) -> "Trainer":
+            step_end: Callable[[int], Mapping[str, float] | None] | None = None,
+            grads_ready: Callable[[int], None] | None = None) -> "Trainer":
         """Train until ``params.steps`` optimisation steps are done (resuming if possible).
 
         ``batch_fn(indices)`` builds a batch (any object; tensors inside tuples, lists
         and dicts are moved to the device); ``loss_fn(model, batch)`` returns ``(loss,
-        logs)``.  ``step_end(step)``, if given, runs after every step before any
-        checkpoint (evaluation hooks); the floats it returns go to ``on_step`` at once.
+        logs)``.  ``grads_ready(step)``, if given, runs once the step's gradients are
+        complete and unscaled, before clipping and the optimiser step (``step`` is the
+        number the step will have); it may edit or remove (``grad = None``: the optimiser
+        skips the parameter) gradients.  ``step_end(step)``, if given, runs after every step
+        before any checkpoint (evaluation hooks); the floats it returns go to ``on_step`` at once.
         """
         p = self.params
         if n_examples < 1:
@@ -591,6 +595,8 @@ class Trainer:
                     n_seq += len(idx)
                 step_logs["loss"] = float(loss_sum) / p.grad_accum
                 self.scaler.unscale_(self.optimizer)
+                if grads_ready is not None:
+                    grads_ready(self.step + 1)
                 if p.max_grad_norm and p.max_grad_norm > 0:
                     gn = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
                 else:

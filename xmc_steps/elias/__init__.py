@@ -92,9 +92,13 @@ Staged training (§3.4) and the hyper-parameters
   often; on yso the default ELIAS of one CPU epoch learns little, so the comparison there is
   weak).
 * ``wl_delay_steps``: ``wl`` (and its bias) are frozen (no gradient, no update, no decay)
-  for the first ``wl_delay_steps`` optimisation steps of the stage.  (The paper's
-  "update W_L every k = 10 steps" accumulation trick is a speed device and is not
-  reproduced.)
+  for the first ``wl_delay_steps`` optimisation steps of the stage.
+* ``wl_update_every`` (k; default 1, config.paper.yaml 10 as §4): ``wl`` (and its bias) take an
+  optimiser step only every k steps (and at the stage's last), on the mean of the k steps'
+  gradients, summed in between in buffers that the checkpoints keep
+  (:class:`.train.WlAccumulator`); AdamW's decay of ``wl`` and ``wl_decay: touched``'s row decay
+  (over the rows the k steps touched) happen at those steps only.  The paper calls it a speed
+  device: one dense AdamW update of the L x D matrix per k steps instead of one per step.
 * ``swa_epochs`` (default 0 = off): stochastic weight averaging — the uniform average of
   all trainable weights taken after every optimisation step of the last
   ``swa_epochs`` epochs (``round(swa_epochs * steps_per_epoch)`` steps, at least 1);

@@ -78,6 +78,8 @@ class EliasParams(Params):
     wl_bias: bool = False
     wl_delay_steps: int = 0
     wl_decay: str = "touched"       # touched | all: which rows of W_L AdamW's weight decay shrinks per step
+    wl_update_every: int = 1        # W_L (and its bias) take an optimiser step every k steps, on the mean of the
+                                    # k steps' gradients (the paper: k = 10, a speed device; ours 1: every step)
     swa_epochs: float = 0.0
     eval_every: int | None = None   # steps between validation points; None: ten per stage; 0: none
     eval_max_docs: int = 2000
@@ -93,7 +95,7 @@ class EliasParams(Params):
     def __post_init__(self) -> None:
         if self.pooling not in neural.POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(neural.POOLINGS)}; got {self.pooling!r}")
-        for f in ("eval_max_docs", "eval_batch_size", "topk"):
+        for f in ("eval_max_docs", "eval_batch_size", "topk", "wl_update_every"):
             if int(getattr(self, f)) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         for f in ("b", "K", "kappa", "max_length", "shortlist_topk"):

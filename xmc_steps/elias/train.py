@@ -1,5 +1,5 @@
 """The ELIAS training driver: one stage of §3.4 on the shared :class:`~xmc_steps.trainer.Trainer`
-(SWA, ``wl_decay``, ``wl_delay_steps``, periodic shortlist evaluation)."""
+(SWA, ``wl_decay``, ``wl_delay_steps``, ``wl_update_every``, periodic shortlist evaluation)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,55 @@ from .params import EliasParams
 
 
 class _TrainBox(nn.Module):
-    def __init__(self, model: EliasModel, swa: WeightAverage | None):
+    def __init__(self, model: EliasModel, swa: WeightAverage | None, wl_accumulator: "WlAccumulator | None" = None):
         super().__init__()
         self.elias = model
         self.swa = swa
+        self.wl_accumulator = wl_accumulator
+
+
+class WlAccumulator(nn.Module):
+    """``wl_update_every: k`` (the paper's §4: "optimization update is performed at every k training
+    steps, where k = 10" for ``W_L``): between updates, the gradients of ``wl`` (and ``wl_bias``) are
+    summed here and removed from the parameters, so the optimiser skips them (no moment update, no
+    weight decay); at every k-th step the parameters get the mean of the k steps' gradients and take
+    one optimiser step at that step's learning rate.
+
+    Readings: the mean, not the sum, as gradient accumulation over micro-batches averages them (Adam
+    hardly sees the scale, but gradient clipping over all parameters would); the clipping norm counts
+    ``W_L`` only at its update steps.  The sums are buffers, so a checkpoint between updates resumes
+    exactly."""
+
+    def __init__(self, model: EliasModel, every: int, total_steps: int):
+        super().__init__()
+        self.every, self.total_steps = int(every), int(total_steps)
+        self.params = [model.wl] + ([model.wl_bias] if model.wl_bias is not None else [])
+        for i, p in enumerate(self.params):
+            self.register_buffer(f"sum{i}", torch.zeros_like(p, dtype=torch.float32))
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def is_update_step(self, step: int) -> bool:
+        """Every ``every``-th step, and the stage's last (no gradient is left unapplied)."""
+        return step % self.every == 0 or step >= self.total_steps
+
+    def __call__(self, step: int) -> None:  # Trainer.fit's grads_ready
+        grads = [p.grad for p in self.params]
+        if all(g is None for g in grads):       # W_L frozen (wl_delay_steps)
+            return
+        bufs = [getattr(self, f"sum{i}") for i in range(len(self.params))]
+        if not self.is_update_step(step):
+            for p, g, buf in zip(self.params, grads, bufs):
+                if g is not None:
+                    buf += g.float()
+                    p.grad = None
+            self.count += 1
+            return
+        n = self.count.to(torch.float32) + 1.0
+        for p, g, buf in zip(self.params, grads, bufs):
+            if g is not None:
+                p.grad = ((buf + g.float()) / n).to(g.dtype)
+            buf.zero_()
+        self.count.zero_()
 
 
 
@@ -87,10 +132,12 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         swa_steps = max(1, round(params.swa_epochs * params.steps_per_epoch(n)))
         swa_start = max(0, tp.steps - swa_steps)
         swa = WeightAverage(model)
-    box = _TrainBox(model, swa)
+    wl_acc = WlAccumulator(model, params.wl_update_every, tp.steps) if params.wl_update_every > 1 else None
+    box = _TrainBox(model, swa, wl_acc)
     fp = {"stage_model": model.describe(), "lr_encoder": params.lr_encoder, "lr_A": params.lr_A,
           "weight_decay_A": params.weight_decay_A, "lambda_": params.lambda_, "eps": params.eps,
-          "wl_delay_steps": params.wl_delay_steps, "wl_decay": params.wl_decay, "swa_epochs": params.swa_epochs, "encoder": params.encoder,
+          "wl_delay_steps": params.wl_delay_steps, "wl_decay": params.wl_decay,
+          **({"wl_update_every": params.wl_update_every} if params.wl_update_every > 1 else {}), "swa_epochs": params.swa_epochs, "encoder": params.encoder,
           "pooling": params.pooling, "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
@@ -110,7 +157,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         return {"valid_shortlist_recall": m["shortlist_recall"], "valid_p_at_1": m["p_at_1"]}
 
     def step_end(step: int) -> dict[str, float] | None:
-        if touched:
+        if touched and (wl_acc is None or wl_acc.is_update_step(step)):
             decay_touched_rows(model.wl, torch.cat(touched), trainer, tp.weight_decay)
             touched.clear()
         if step == params.wl_delay_steps:
@@ -137,7 +184,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
 
     if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
         on_step(0, evaluate(0))
-    trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
+    trainer.fit(loss_fn, n, batch_fn, step_end=step_end, grads_ready=wl_acc)
     _set_wl_trainable(model, True)
     if swa is not None:
         swa.copy_to(model)
