@@ -150,6 +150,26 @@ def test_init_adjacency_hand_worked():
     assert elias.init_adjacency(M, Y, kappa=3, seed=3, max_products=1)[0].tolist() == index3.tolist()
 
 
+def test_partition_start_keeps_stage1s_clusters_at_the_given_mass():
+    """a_init partition: each row holds stage 1's labels first (even those Eq. 9's counts would
+    drop), then Eq. 10's best other candidates; beta softmax gives stage 1's labels `mass` of the row."""
+    eq10 = np.array([[2, 0, 3, 1], [1, 3, 0, -1]])              # Eq. 10's top-4 per row, best first
+    stage1 = np.array([[0, 1, -1], [2, 3, -1]])                 # stage 1's partition {0, 1}, {2, 3}
+    index, value = elias.partition_start(eq10, stage1, mass=0.9)
+    assert index.tolist() == [[0, 1, 2, 3], [2, 3, 1, 0]]       # row 1: label 2 was not among Eq. 10's
+    m = elias.EliasModel(None, 2, 4, 4, dim=2, beta=2.0)
+    m.set_adjacency(index, value)
+    e = m.edge_scores(torch.arange(2))
+    torch.testing.assert_close(e[:, :2].sum(1) / 2.0, torch.tensor([0.9, 0.9]))     # beta softmax over the row
+    torch.testing.assert_close(e[:, 0], torch.tensor([0.9, 0.9]))                   # own labels' edges: ~mass
+    assert (e[:, 2:] < 0.11).all()
+    # kappa smaller than stage 1's cluster: its own labels only, value 0
+    index1, value1 = elias.partition_start(eq10[:, :1], stage1, mass=0.9)
+    assert index1.tolist() == [[0], [2]] and (value1 == 0).all()
+    with pytest.raises(ValueError, match="mass"):
+        elias.partition_start(eq10, stage1, mass=1.0)
+
+
 def test_adjacency_from_assignment_is_the_partition():
     index, value = elias.adjacency_from_assignment(np.array([1, 0, 1, 2, 1]), 3)
     assert index.tolist() == [[1, -1, -1], [0, 2, 4], [3, -1, -1]]

@@ -239,11 +239,11 @@ from .cli import main
 from .guard import GuardReport, check_stage, guard_width
 from .loss import elias_loss
 from .model import (FORMAT, EliasModel, Shortlist, adjacency_from_assignment, build_model, cluster_topb, init_adjacency,
-                    linear_start, load_elias, partition_targets, predict, shortlist_metrics)
+                    linear_start, load_elias, partition_start, partition_targets, predict, shortlist_metrics)
 from .params import STAGE_DEFAULTS, EliasParams, default_b, default_K
 from .train import decay_touched_rows, train_elias
 
 __all__ = ["FORMAT", "STAGE_DEFAULTS", "EliasModel", "EliasParams", "GuardReport", "Shortlist",
            "adjacency_from_assignment", "build_model", "check_stage", "cluster_topb", "decay_touched_rows",
            "default_K", "default_b", "elias_loss", "guard_width", "init_adjacency", "linear_start", "load_elias", "main",
-           "partition_targets", "predict", "shortlist_metrics", "train_elias"]
+           "partition_start", "partition_targets", "predict", "shortlist_metrics", "train_elias"]

@@ -18,6 +18,7 @@ TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_
                                          "max_grad_norm", "checkpoint_every", "log_every", "seed")}
 
 HEAD_INITS = ("linear", "random")
+A_INITS = ("random", "partition")
 
 #: the shortlist size K from the label count L when unset: ``clip(ceil(L * K_FRACTION), K_MIN, K_MAX)``,
 #: at most L (K_MAX: the paper's fixed K = 2000, §4; see "Sizes from the data")
@@ -72,6 +73,9 @@ class EliasParams(Params):
     head_init_scale: float = 4.0    # the fit's targets are +-scale (logits of about +-scale)
     head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
                                     # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
+    a_init: str = "random"          # stage 2's A values: random (Eq. 10, the paper) | partition (stage 1's clusters'
+                                    # labels first, holding a_init_mass of each row's softmax; ours)
+    a_init_mass: float = 0.9
     allow_weak: bool = False        # true: a stage below the guard's baselines only warns
     lambda_: float | None = None    # None: 0 (stage 1), 0.05 (stage 2)
     eps: float = 1e-6
@@ -119,6 +123,10 @@ class EliasParams(Params):
             raise ValueError(f"eps must be in (0, 0.5), got {self.eps}")
         if self.head_init not in HEAD_INITS:
             raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        if self.a_init not in A_INITS:
+            raise ValueError(f"a_init must be one of {', '.join(A_INITS)}, got {self.a_init!r}")
+        if not 0.0 < self.a_init_mass < 1.0:
+            raise ValueError(f"a_init_mass must be in (0, 1), got {self.a_init_mass}")
         for f in ("coverage", "head_init_scale"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
