@@ -70,6 +70,16 @@ Staged training (§3.4) and the hyper-parameters
   values ``random(0, 1)`` from ``numpy.random.default_rng(seed)``.  Computed sparse, in
   blocks of cluster rows whose ``M^T Y`` product is bounded (``max_products``), so the
   memory is bounded at ``C = 5000``, ``L = 500k``.
+* ``stage2.a_init: partition`` (ours; :func:`.model.partition_start`): each row of ``A`` holds stage
+  1's labels of that cluster first, then Eq. 10's best other candidates up to ``kappa``; the values
+  give stage 1's labels ``a_init_mass`` (0.9) of the row's softmax, so their edges start near 0.9
+  (stage 1's were 1) and the other candidates near ``0.1 beta / (kappa - m)``.  Two things it fixes
+  that Eq. 10 cannot see: every label keeps a row (Eq. 10's per-row top-``kappa`` of ``M^T Y`` is
+  taken by the frequent labels when the beam holds most clusters: on reuters21578/modapte-all5, b = C
+  = 64, 157 of 368 labels were in no row of ``A``, so never predicted, 116 of them with training
+  documents), and stage 2 starts at stage
+  1's index instead of a uniform spread over ``kappa = 10 L / C`` candidates.  ``random`` (Eq. 10)
+  stays the default until the 18,056-label validation run decides ("Choosing the defaults").
 * Stage 2 initialises ``phi``, ``Wc``, ``wl`` (and ``wl_bias`` when both stages have
   it) from stage 1 ("the rest of the stage 1 model") and trains everything with ``A``.
 * AdamW (the :class:`xmc_steps.trainer.Trainer`) with three learning rates: ``lr_encoder``

@@ -114,7 +114,8 @@ class GuardReport:
                         f"{self.previous:.4f} by more than the noise of the difference ({self.noise or 0.0:.4f})")
         key = f"elias.stage{self.stage}"
         return (f"ELIAS stage {self.stage} learned too little: {'; and '.join(what)}. Train it longer or from a "
-                f"better start ({key}.train.epochs, {key}.lr_clf, {key}.lr_encoder, elias.head_init: linear), give "
+                f"better start ({key}.train.epochs, {key}.lr_clf, {key}.lr_encoder, "
+                + ("elias.head_init: linear" if self.stage == 1 else "elias.stage2.a_init: partition") + "), give "
                 "the index a wider beam or fewer clusters (elias.index.coverage, elias.index.b, "
                 "elias.cluster.leaf_size), or set elias.allow_weak: true to go on with this model; the trained "
                 "weights stay in the output folder's checkpoints/, so a rerun does not train again")
