@@ -46,7 +46,7 @@ source .gpu/setup.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
 start_dag
 # the throughput of the pieces on synthetic data, beside the DAG's first (CPU) stages
-timeout 150 python3 bench/bench_neural.py --device cuda --steps 20 --batch-size 16 > "$W/bench_neural.txt" 2>&1
+timeout 150 python3 bench/bench_neural.py --mode figures --device cuda --steps 20 --batch-size 16 > "$W/bench_neural.txt" 2>&1
 tail -30 "$W/bench_neural.txt"
 wait_dag "snakemake.*lightxml"
 tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json results/*/*.png logs \

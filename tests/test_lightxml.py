@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from test_neural import HostReads
 from test_elias import _write_toy  # 4 topics, labels {t, t + 4}, a tree of 4 clusters {0,1} .. {6,7}
 from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import io, lightxml, neural
@@ -467,3 +468,24 @@ def test_head_refit_of_a_clustered_model_also_tries_the_label_embeddings(tiny, t
     third = refit_generator(model, tokens, Y, (vt, vY), params, "cpu", log)
     assert third["kept"] == "trained" and third["metrics"]["p_at_1"] == pytest.approx(first["refit_discriminator"])
     assert torch.equal(model.label_emb.weight, E) and torch.equal(model.generator.weight, G), third
+
+
+def test_training_loss_needs_no_read_back_and_matches_the_selected_mean():
+    """``max_pos`` (the batch builder's count of a text's most positives) gives the loss computed
+    without it; L_d, a masked mean over the real candidates, equals the mean over the selected ones."""
+    torch.manual_seed(0)
+    L, K = 12, 4
+    m = lightxml.LightXMLModel(None, L, np.arange(L) % K, K, dim=6, hidden=5, topb=2, dropout=0.0)
+    e = torch.randn(3, 6)
+    rows, labels = torch.tensor([0, 0, 0, 2, 2]), torch.tensor([1, 5, 10, 3, 4])
+    loss, lg, ld = m.loss(e, rows, labels)
+    with HostReads() as reads:     # nothing in the training loss makes a CUDA host wait
+        loss2, lg2, ld2 = m.loss(e, rows, labels, max_pos=3)
+    assert reads.ops == []
+    assert torch.equal(loss, loss2) and torch.equal(ld, ld2)
+    g = m.generator(e).float()
+    c = m.candidates(g, rows, labels)
+    d = m.label_logits(e, c.labels)
+    valid = c.labels >= 0
+    selected = torch.nn.functional.binary_cross_entropy_with_logits(d[valid], c.target[valid].float())
+    assert ld.item() == pytest.approx(selected.item(), rel=1e-6)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
 from xmc_steps import encoders, neural, trainer
@@ -329,3 +330,189 @@ def test_xlnet_pools_its_summary_token_at_the_end(tmp_path):
         cat = neural.TextEncoder(str(tmp_path / "xlnet"), pooling="cls-concat-last-k", last_k=2).eval()
         hs = cat.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         assert torch.allclose(cat(ids, mask)[:, :16], got) and torch.allclose(cat(ids, mask)[2, 16:], hs[-2][2, 1])
+
+
+# --------------------------------------------------------------------------- prefetching, logging, profiling
+
+
+def _recorded_fit(prefetch, steps=9, ckpt=None, on_step=None, log_tensor=True):
+    """A tiny regression trained with ``prefetch`` micro-batches built ahead; returns the trainer,
+    the indices batch_fn was called with (in call order) and the batches the loss saw (in order)."""
+    torch.manual_seed(0)
+    net = _Net()
+    X, y = torch.randn(23, 6, generator=torch.Generator().manual_seed(1)), torch.randn(23, 1)
+    p = trainer.TrainParams(steps=steps, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, checkpoint_every=100,
+                           log_every=3, seed=3, length_bucket=2)
+    lengths = np.arange(23) % 7
+    tr = trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p, ckpt, on_step=on_step, device="cpu",
+                         prefetch=prefetch, lengths=lengths)
+    built, seen = [], []
+
+    def batch_fn(idx):
+        built.append(np.asarray(idx).tolist())
+        return torch.as_tensor(np.asarray(idx)), X[idx], y[idx]
+
+    def loss_fn(m, b):
+        seen.append(b[0].tolist())
+        err = m(b[1]) - b[2]
+        mae = err.detach().abs().mean()
+        return err.pow(2).mean(), {"mae": mae if log_tensor else float(mae)}
+
+    tr.fit(loss_fn, len(X), batch_fn)
+    return tr, built, seen
+
+
+def test_prefetch_gives_the_same_batches_in_the_same_order_and_the_same_weights():
+    ref, built0, seen0 = _recorded_fit(prefetch=0)
+    for depth in (1, 2, 5):
+        tr, built, seen = _recorded_fit(prefetch=depth)
+        assert seen == seen0 and built == built0          # the same micro-batches, in the same order
+        assert len(built) == 9 * 2                         # none built past the last step
+        assert (tr.epoch, tr.pos) == (ref.epoch, ref.pos)
+        for k, v in ref.model.state_dict().items():
+            assert torch.equal(tr.model.state_dict()[k], v), k   # bit for bit
+
+
+def test_logged_tensors_are_read_at_the_interval_as_the_floats_were():
+    """Logs given as tensors reach on_step as floats, with the same means as logs given as floats."""
+    got = {}
+    _recorded_fit(prefetch=2, on_step=lambda s, lg: got.setdefault("t", {}).__setitem__(s, lg))
+    _recorded_fit(prefetch=0, on_step=lambda s, lg: got.setdefault("f", {}).__setitem__(s, lg), log_tensor=False)
+    assert sorted(got["t"]) == sorted(got["f"]) == [3, 6, 9]
+    for s in (3, 6, 9):
+        a, b = got["t"][s], got["f"][s]
+        assert set(a) == set(b) and all(isinstance(v, float) for v in a.values())
+        for k in ("loss", "mae", "grad_norm", "lr_net"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6), k
+
+
+def test_non_finite_loss_is_still_reported_with_its_step(caplog):
+    net = nn.Linear(2, 1)
+    X = torch.randn(8, 2)
+    p = trainer.TrainParams(steps=4, batch_size=4, lr=1e-2, warmup_steps=0, log_every=2, max_grad_norm=0)
+    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu")
+    calls = []
+
+    def loss_fn(m, b):
+        calls.append(1)
+        out = m(b).pow(2).mean()
+        return (out * float("nan") if len(calls) == 3 else out), {}
+
+    with caplog.at_level("WARNING", logger="xmc.trainer"):
+        tr.fit(loss_fn, 8, lambda i: X[i])
+    assert "non-finite loss at step 3" in caplog.text
+
+
+def test_prefetched_run_preempted_resumes_bit_for_bit(tmp_path):
+    """SIGTERM with batches in flight: the checkpoint names the first batch not trained on (as
+    without prefetching), and the resumed run ends with the uninterrupted run's weights."""
+    ref, _, seen_ref = _recorded_fit(prefetch=2, steps=9, ckpt=tmp_path / "ref")
+
+    def kill_at_4(step, logs):  # logs at steps 3, 6, 9: stop after step 6 finishes
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(trainer.Preempted):
+        _recorded_fit(prefetch=3, steps=9, ckpt=tmp_path / "run", on_step=kill_at_4)
+    state = torch.load(trainer.list_checkpoints(tmp_path / "run")[-1][1] / "trainer.pt", weights_only=True)
+    cut, _, _ = _recorded_fit(prefetch=0, steps=6)
+    assert state["step"] == 6 and (state["epoch"], state["pos"]) == (cut.epoch, cut.pos)
+    tr, _, seen = _recorded_fit(prefetch=2, steps=9, ckpt=tmp_path / "run")
+    assert tr.resumed_from == 6 and seen == seen_ref[12:]
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(tr.model.state_dict()[k], v), k
+
+
+def test_prefetch_error_reaches_the_loop():
+    net = nn.Linear(2, 1)
+    p = trainer.TrainParams(steps=3, batch_size=2, lr=1e-2, warmup_steps=0)
+    tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu", prefetch=2)
+
+    def batch_fn(idx):
+        raise KeyError("no such batch")
+
+    with pytest.raises(KeyError, match="no such batch"):
+        tr.fit(lambda m, b: (m(b).sum(), {}), 4, batch_fn)
+
+
+def test_weight_average_count_survives_a_state_dict_round_trip():
+    net = nn.Linear(3, 2)
+    swa = trainer.WeightAverage(net)
+    swa.update(net)
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    swa.update(net)
+    assert swa.count() == 2 and int(swa.n) == 2
+    other = trainer.WeightAverage(net)
+    other.load_state_dict(swa.state_dict())
+    assert other.count() == 2
+    other.update(net)
+    assert int(other.n) == 3 and other.count() == 3
+
+
+def test_step_profiler_splits_the_steps_by_phase():
+    net = nn.Linear(4, 1)
+    X = torch.randn(16, 4)
+    p = trainer.TrainParams(steps=5, batch_size=4, lr=1e-2, warmup_steps=0)
+    prof = trainer.StepProfiler("cpu", detailed=True, warmup=2)
+    with trainer.profiling(prof):
+        tr = trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu")
+    assert trainer.Trainer(net, trainer.param_groups({"n": (net, 1e-2)}), p, None, device="cpu").profiler is None
+    tr.fit(lambda m, b: (m(b).pow(2).mean(), {}), 16, lambda i: X[i])
+    assert prof.steps == 5 and prof.timed_steps == 3 and len(prof.durations) == 3
+    assert set(prof.split_ms()) == {"batch", "forward_backward", "optimizer", "rest"}
+    assert all(v >= 0 for v in prof.split_ms().values()) and prof.step_ms() >= 0
+
+
+class HostReads(TorchDispatchMode):
+    """Records the ops that make the host wait for a CUDA device (recorded on the CPU the same way):
+    scalar reads (``float()``, ``int()``, ``bool()``, ``.item()``), ops whose output size depends on
+    the values (nonzero, masked_select, unique, bincount, repeat_interleave without a size) and
+    boolean-mask indexing."""
+
+    READS = ("_local_scalar_dense", "nonzero", "masked_select", "_unique", "unique_", "bincount", "repeat_interleave")
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        name = str(func)
+        flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+        if any(r in name for r in self.READS) or (
+                "index.Tensor" in name and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat)):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_trainer_steps_read_nothing_back_between_log_lines():
+    """The loop itself (tensor logs, the loss, the gradient norm, the schedule, clipping) makes the
+    host wait for the device only at the logging interval: here (CPU) not at all within the steps."""
+    torch.manual_seed(0)
+    net = _Net()
+    X, y = torch.randn(40, 6), torch.randn(40, 1)
+    p = trainer.TrainParams(steps=6, batch_size=5, grad_accum=2, lr=1e-2, warmup_steps=2, log_every=3)
+    tr = trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p, None, device="cpu", prefetch=0)
+
+    def loss_fn(m, b):
+        err = m(b[0]) - b[1]
+        return err.pow(2).mean(), {"mae": err.detach().abs().mean()}
+
+    reads = HostReads()
+    real = tr.optimizer.step
+
+    def opt_step(*a, **k):   # AdamW's step counts are host tensors: its CPU loop reads them (the fused CUDA one not)
+        reads.paused = True
+        try:
+            return real(*a, **k)
+        finally:
+            reads.paused = False
+
+    opt_step._wrapped_by_lr_sched = True   # (the schedule's own wrapper is inside real)
+    tr.optimizer.step = opt_step
+    with reads:
+        tr.fit(loss_fn, len(X), lambda idx: (X[idx], y[idx]))
+    assert tr.step == 6 and reads.ops == []

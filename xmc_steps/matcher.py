@@ -669,12 +669,18 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
         on_step(0, eval_fn(0) or {})
 
     def batch_fn(idx: np.ndarray):
+        # the batch's (row, cluster) pairs; the dense B x K targets are written on the device
         ids, mask = tokens_train.batch(idx)
-        return ids, mask, torch.from_numpy(M_train[idx].toarray())
+        sub = M_train[idx]
+        rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
+        return ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
 
     def loss_fn(m: MatcherModel, batch):
-        ids, mask, t = batch
-        return squared_hinge_loss(m(ids, mask), t), {}
+        ids, mask, rows, cols = batch
+        scores = m(ids, mask)
+        t = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+        t[rows, cols] = 1.0
+        return squared_hinge_loss(scores, t), {}
 
     trainer.fit(loss_fn, len(tokens_train), batch_fn, step_end=eval_fn)
     return model, trainer

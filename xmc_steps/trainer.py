@@ -28,6 +28,26 @@ An "epoch" is one pass over a permutation of ``range(n_examples)`` drawn by
 ``batch_size`` indices (the last slice of an epoch may be shorter; the next slice
 starts the next epoch).  One optimisation step consumes ``grad_accum`` micro-batches.
 
+Feeding the device
+------------------
+On CUDA the next ``prefetch`` micro-batches (``Trainer(prefetch=...)``, default 2) are built by
+``batch_fn`` in a background thread while the current step runs, and pinned so that their copies to
+the device are asynchronous.  On a CPU the default is none: the model's threads have the cores, a
+batch costs about 0.1 ms to build, and handing it over between threads cost more than that on a
+busy 2-core machine (``bench/bench_neural.py --tiny``: the batch phase 1.0-2.1 ms per step with
+``prefetch: 2`` against 0.7-1.1 ms built in the loop).  The prefetched batches' indices are drawn
+in order from a look-ahead copy of the epoch cursor: the batches, their order and the weights are
+those of a run without prefetching (bit for bit on the CPU), and a checkpoint names the first batch
+not yet trained on.  ``batch_fn`` therefore must not read state that the steps change (a stage
+that needs such state reads it in its loss).
+
+The loop waits for the device only where numbers must reach the host: at the logging interval
+(``log_every``), at checkpoints and after the last step.  The loss, the loss function's logs
+(which may be 0-d tensors) and the gradient norm stay on the device in between and are read
+back together, once per log line; a non-finite loss is reported then, with its step.  On CUDA
+the optimiser is the fused AdamW.  :class:`StepProfiler` splits the steps' time by phase
+(``bench/bench_neural.py``).
+
 Checkpoints
 -----------
 ``ckpt_dir/step-XXXXXXXX/`` (8-digit step number) holds
@@ -55,6 +75,7 @@ thread count).  Checkpoints written under other training parameters or another
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -243,11 +264,22 @@ class WeightAverage(nn.Module):
         for n in self.names:
             self.register_buffer("avg__" + n.replace(".", "__"), params[n].detach().float().clone())
         self.register_buffer("n", torch.zeros((), dtype=torch.long))
+        self._count: int | None = 0   # ``n`` on the host (no device read per update); None: read it again
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._count = None
+
+    def count(self) -> int:
+        """Snapshots averaged so far (``n``)."""
+        if self._count is None:
+            self._count = int(self.n)
+        return self._count
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         params = dict(model.named_parameters())
-        k = int(self.n) + 1
+        k = self.count() + 1
         for n in self.names:
             avg = getattr(self, "avg__" + n.replace(".", "__"))
             if k == 1:
@@ -255,10 +287,11 @@ class WeightAverage(nn.Module):
             else:
                 avg.add_(params[n].detach().float() - avg, alpha=1.0 / k)
         self.n.fill_(k)
+        self._count = k
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
-        if int(self.n) == 0:
+        if self.count() == 0:
             return
         params = dict(model.named_parameters())
         for n in self.names:
@@ -322,6 +355,181 @@ def _set_rng_state(s: Mapping[str, Any]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
 
 
+# --------------------------------------------------------------------------- step-time profiling
+
+
+class StepProfiler:
+    """Where the time of :meth:`Trainer.fit`'s steps goes (``bench/bench_neural.py``).
+
+    The loop calls :meth:`begin`, :meth:`lap` at its phase boundaries (``"batch"``: the next batch
+    in hand and on its way to the device; ``"forward_backward"``; ``"optimizer"``: freeing the
+    gradients, unscaling, the ``grads_ready`` hook, clipping, the optimiser and scheduler steps;
+    ``"rest"``: the logs, the hooks, checkpoints) and :meth:`end` after each step.  Code inside the
+    loss may call :meth:`lap` too (the benchmark times the negatives/shortlist so).  With
+    ``detailed=False`` the laps are not taken: only the wall time of the steps after the first
+    ``warmup`` is kept (one device synchronisation at its start; it ends after the last step, where
+    the loop itself waits for the device), so the run is timed as it runs in production.
+    ``detailed=True`` synchronises the device at every lap (CUDA): the split is exact, the total a
+    little slower.  ``between``, if given, runs after each timed step, outside the steps' time (the
+    benchmark's bare step, so that both are sampled over the same seconds of a shared CPU).  Attach
+    one with :func:`profiling` (the next :class:`Trainer` built takes it) or set ``Trainer.profiler``."""
+
+    def __init__(self, device: torch.device | str | None = None, detailed: bool = True, warmup: int = 2,
+                 between: Callable[[], Any] | None = None):
+        self.device = torch.device(device) if device is not None else None
+        self.detailed, self.warmup = bool(detailed), int(warmup)
+        self.between = between         # run after each timed step, outside its time (a paired reference)
+        self.phases: dict[str, float] = {}
+        self.steps = 0                 # steps ended (all)
+        self.timed_steps = 0           # steps in the timed window
+        self.timed_s = 0.0             # their wall time
+        self.durations: list[float] = []  # each timed step's seconds (detailed mode: the device waited for)
+        self.per_step: list[dict[str, float]] = []   # each timed step's seconds by phase (detailed mode)
+        self._cur: dict[str, float] = {}
+        self._t = 0.0
+        self._b = 0.0
+        self._t0: float | None = None
+
+    def _sync(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @property
+    def active(self) -> bool:
+        return self.steps >= self.warmup
+
+    def begin(self) -> None:
+        if self.steps == self.warmup:
+            self._sync()
+            self._t0 = time.perf_counter()
+        if self.detailed:
+            self._sync()
+            self._t = self._b = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if not self.detailed:
+            return
+        self._sync()
+        t = time.perf_counter()
+        if self.active:
+            self.phases[phase] = self.phases.get(phase, 0.0) + t - self._t
+            self._cur[phase] = self._cur.get(phase, 0.0) + t - self._t
+        self._t = t
+
+    def end(self) -> None:
+        self.lap("rest")
+        if self.detailed and self.active:
+            self.durations.append(self._t - self._b)
+            self.per_step.append(self._cur)
+        self._cur = {}
+        self.steps += 1
+        if self._t0 is not None:
+            self.timed_steps = self.steps - self.warmup
+            self.timed_s = time.perf_counter() - self._t0
+        if self.between is not None and self.steps > self.warmup:
+            t = time.perf_counter()
+            self.between()
+            if self._t0 is not None:     # not the trainer's time
+                self._t0 += time.perf_counter() - t
+
+    def step_ms(self, median: bool = False) -> float:
+        """Mean milliseconds per step over the timed window (``median``: the median step, detailed mode;
+        robust to a shared CPU's interruptions)."""
+        if median and self.durations:
+            return 1000.0 * float(np.median(self.durations))
+        return 1000.0 * self.timed_s / max(self.timed_steps, 1)
+
+    def split_ms(self, typical: bool = False) -> dict[str, float]:
+        """Mean milliseconds per step in each phase (detailed mode); ``typical``: over the steps that
+        took at most 1.25 times the median step (a shared CPU's interrupted steps left out, so that the
+        phases add up to about the median step)."""
+        if typical and self.per_step:
+            cap = 1.25 * float(np.median(self.durations))
+            keep = [d for d, t in zip(self.per_step, self.durations) if t <= cap]
+            return {k: 1000.0 * sum(d.get(k, 0.0) for d in keep) / len(keep) for k in self.phases}
+        n = max(self.timed_steps, 1)
+        return {k: 1000.0 * v / n for k, v in self.phases.items()}
+
+
+_next_profiler: StepProfiler | None = None
+
+
+@contextlib.contextmanager
+def profiling(profiler: StepProfiler) -> Iterator[StepProfiler]:
+    """Within the block, every :class:`Trainer` built gets ``profiler`` (the benchmark's way in to the
+    trainers that the stages build inside their training functions)."""
+    global _next_profiler
+    prev, _next_profiler = _next_profiler, profiler
+    try:
+        yield profiler
+    finally:
+        _next_profiler = prev
+
+
+class _Prefetcher:
+    """Builds the next micro-batches in a background thread while the current step runs.
+
+    The indices are drawn in the loop's thread, in order, from a look-ahead copy of the epoch
+    cursor (the trainer's ``epoch``/``pos`` move only when a batch is taken, so a checkpoint names
+    the next batch not yet trained on, prefetched or not); ``batch_fn`` runs in the worker, then
+    the batch's tensors are pinned (CUDA) so the copy to the device is asynchronous.  ``depth``
+    batches are kept in flight; none beyond the run's last step is built."""
+
+    def __init__(self, trainer: "Trainer", batch_fn: Callable[[np.ndarray], Any], n: int, remaining: int,
+                 depth: int, pin: bool):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.trainer, self.batch_fn, self.n, self.remaining = trainer, batch_fn, n, int(remaining)
+        self.depth, self.pin = max(0, int(depth)), pin
+        self.cursor = (trainer.epoch, trainer.pos)
+        self.queue: collections.deque = collections.deque()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="xmc-batches") if self.depth > 0 else None
+        self._fill()
+
+    def _build(self, idx: np.ndarray) -> Any:
+        b = self.batch_fn(idx)
+        return pin_memory(b) if self.pin else b
+
+    def _fill(self) -> None:
+        while self.pool is not None and len(self.queue) < self.depth and self.remaining > 0:
+            idx, self.cursor = self.trainer._indices_at(self.cursor, self.n)
+            self.queue.append((self.pool.submit(self._build, idx), idx, self.cursor))
+            self.remaining -= 1
+
+    def next(self) -> tuple[np.ndarray, Any]:
+        """The next micro-batch ``(indices, batch)``; advances the trainer's cursor past it."""
+        if self.pool is None:
+            idx = self.trainer._next_indices(self.n)
+            return idx, self.batch_fn(idx)
+        if not self.queue:            # more batches than planned (cannot happen in fit): build it here
+            self.remaining += 1
+            self._fill()
+        fut, idx, cursor = self.queue.popleft()
+        self.trainer.epoch, self.trainer.pos = cursor
+        self._fill()
+        return idx, fut.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            for fut, _, _ in self.queue:
+                fut.cancel()
+            self.queue.clear()
+            self.pool.shutdown(wait=True)
+
+
+def pin_memory(obj: Any) -> Any:
+    """``obj`` with its CPU tensors (inside tuples, lists and dicts) in page-locked memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.pin_memory() if obj.device.type == "cpu" else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(pin_memory(x) for x in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(pin_memory(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: pin_memory(v) for k, v in obj.items()}
+    return obj
+
+
 # --------------------------------------------------------------------------- trainer
 
 
@@ -368,7 +576,8 @@ class Trainer:
                  on_step: Callable[[int, dict[str, float]], Any] | None = None,
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
                  fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
-                 lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto"):
+                 lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto",
+                 prefetch: int | None = None):
         if not params.is_resolved:
             raise ValueError("the Trainer takes resolved training parameters (TrainParams.resolved(n_train))")
         check_amp(amp)
@@ -388,7 +597,9 @@ class Trainer:
             g.setdefault("lr", params.lr)
             g.setdefault("name", f"group{j}")
         self.group_names = [g.get("group", g["name"]) for g in groups]
-        self.optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=params.weight_decay)
+        # CUDA: the fused AdamW (one kernel for every parameter; a GradScaler's checks stay on the device)
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=params.weight_decay, **fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, LinearWarmupDecay(params.warmup_steps, params.steps, params.schedule))
         self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, self.amp))
@@ -404,9 +615,12 @@ class Trainer:
         self.run_time = 0.0      # seconds in optimisation steps in this process
         self.steps_this_run = 0  # optimisation steps done in this process
         self.resumed_from: int | None = None
-        self._order_cache: tuple[int, int, np.ndarray] | None = None
+        self._order_cache: dict[tuple[int, int], np.ndarray] = {}   # the current epoch's and the next's
         self._stop = False
         self._last_ckpt_step = -1
+        # micro-batches built ahead in a background thread (0: none); None: 2 on CUDA, none on a CPU
+        self.prefetch = max(0, int(prefetch)) if prefetch is not None else (2 if self.device.type == "cuda" else 0)
+        self.profiler: StepProfiler | None = _next_profiler
         self._resume()
 
     @property
@@ -417,21 +631,28 @@ class Trainer:
 
     # -- data order
     def _order(self, epoch: int, n: int) -> np.ndarray:
-        if self._order_cache is None or self._order_cache[:2] != (epoch, n):
+        order = self._order_cache.get((epoch, n))
+        if order is None:
             rng = np.random.default_rng(self.params.seed + epoch)
             order = rng.permutation(n)
             w = self.params.length_bucket
             if w > 0 and self.lengths is not None and len(self.lengths) == n:
                 order = bucket_by_length(order, self.lengths, self.params.batch_size, w, rng)
-            self._order_cache = (epoch, n, order)
-        return self._order_cache[2]
+            self._order_cache = {k: v for k, v in self._order_cache.items() if k[0] >= epoch - 1}
+            self._order_cache[(epoch, n)] = order
+        return order
+
+    def _indices_at(self, cursor: tuple[int, int], n: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The micro-batch at ``cursor = (epoch, pos)`` and the cursor after it."""
+        epoch, pos = cursor
+        idx = self._order(epoch, n)[pos:pos + self.params.batch_size]
+        pos += len(idx)
+        if pos >= n:
+            epoch, pos = epoch + 1, 0
+        return idx, (epoch, pos)
 
     def _next_indices(self, n: int) -> np.ndarray:
-        order = self._order(self.epoch, n)
-        idx = order[self.pos:self.pos + self.params.batch_size]
-        self.pos += len(idx)
-        if self.pos >= n:
-            self.epoch, self.pos = self.epoch + 1, 0
+        idx, (self.epoch, self.pos) = self._indices_at((self.epoch, self.pos), n)
         return idx
 
     # -- checkpoints
@@ -551,8 +772,10 @@ class Trainer:
         """Train until ``params.steps`` optimisation steps are done (resuming if possible).
 
         ``batch_fn(indices)`` builds a batch (any object; tensors inside tuples, lists
-        and dicts are moved to the device); ``loss_fn(model, batch)`` returns ``(loss,
-        logs)``.  ``grads_ready(step)``, if given, runs once the step's gradients are
+        and dicts are moved to the device), on CUDA ahead of its step in a background thread
+        (see "Feeding the device"); ``loss_fn(model, batch)`` returns ``(loss, logs)``, the logs'
+        values floats or 0-d tensors (read at the logging interval: no sync per step).
+        ``grads_ready(step)``, if given, runs once the step's gradients are
         complete and unscaled, before clipping and the optimiser step (``step`` is the
         number the step will have); it may edit or remove (``grad = None``: the optimiser
         skips the parameter) gradients.  ``step_end(step)``, if given, runs after every step
@@ -573,27 +796,39 @@ class Trainer:
             self.log.warning("amp %s on a CPU without native bf16 instructions (avx512_bf16/amx_bf16): emulated, "
                              "slower than fp32 (amp: auto runs fp32 on such a CPU)", self.amp)
         self.model.train()
-        acc: dict[str, float] = {}
+        prof = self.profiler
+        cuda = self.device.type == "cuda"
+        acc: dict[str, list] = {}   # per step: tensors stay on the device until a log line needs them
         acc_n = 0
         win_t, win_seq = 0.0, 0
-        with self._sigterm_handler():
+        feed = _Prefetcher(self, batch_fn, n_examples, (p.steps - self.step) * p.grad_accum, self.prefetch, pin=cuda)
+        with self._sigterm_handler(), contextlib.closing(feed):
             while self.step < p.steps:
                 t0 = time.perf_counter()
+                if prof is not None:
+                    prof.begin()
                 self.optimizer.zero_grad(set_to_none=True)
-                step_logs: dict[str, float] = {"loss": 0.0}
+                if prof is not None:
+                    prof.lap("optimizer")    # freeing the gradients is the optimiser's part
+                step_logs: dict[str, Any] = {}
                 loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per micro-batch
                 n_seq = 0
                 for _ in range(p.grad_accum):
-                    idx = self._next_indices(n_examples)
-                    batch = to_device(batch_fn(idx), self.device)
+                    idx, batch = feed.next()
+                    batch = to_device(batch, self.device)
+                    if prof is not None:
+                        prof.lap("batch")
                     with autocast_context(self.device, self.amp):
                         loss, logs = loss_fn(self.model, batch)
                     self.scaler.scale(loss.float() / p.grad_accum).backward()
+                    if prof is not None:
+                        prof.lap("forward_backward")
                     loss_sum += loss.detach().float()
                     for k, v in (logs or {}).items():
-                        step_logs[k] = step_logs.get(k, 0.0) + float(v) / p.grad_accum
+                        v = v.detach().float() if isinstance(v, torch.Tensor) else float(v)
+                        step_logs[k] = step_logs.get(k, 0.0) + v / p.grad_accum
                     n_seq += len(idx)
-                step_logs["loss"] = float(loss_sum) / p.grad_accum
+                step_logs = {"loss": loss_sum / p.grad_accum, **step_logs}
                 self.scaler.unscale_(self.optimizer)
                 if grads_ready is not None:
                     grads_ready(self.step + 1)
@@ -601,14 +836,21 @@ class Trainer:
                     gn = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
                 else:
                     gn = torch.nn.utils.clip_grad_norm_(params, float("inf"))
-                step_logs["grad_norm"] = float(gn)
+                step_logs["grad_norm"] = gn.detach()
                 lrs = {f"lr_{n}": g["lr"] for n, g in zip(self.group_names, self.optimizer.param_groups)}
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 self.scheduler.step()
                 self.step += 1
                 self.steps_this_run += 1
-                if self.device.type == "cuda":
+                if prof is not None:
+                    prof.lap("optimizer")
+                last = self.step >= p.steps
+                log_now = self.step % p.log_every == 0 or last
+                ckpt_now = self.ckpt_dir is not None and (
+                    self._stop or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0))
+                if cuda and (log_now or ckpt_now or self._stop):
+                    # the only wait for the device: where a log line or a checkpoint needs the numbers
                     torch.cuda.synchronize(self.device)
                 dt = time.perf_counter() - t0
                 self.train_time += dt
@@ -617,12 +859,14 @@ class Trainer:
                 win_t += dt
                 win_seq += n_seq
                 for k, v in step_logs.items():
-                    acc[k] = acc.get(k, 0.0) + v
+                    acc.setdefault(k, []).append(v)
                 acc_n += 1
                 extra = dict(step_end(self.step) or {}) if step_end else {}
-                last = self.step >= p.steps
-                if self.step % p.log_every == 0 or last:
-                    logs = {k: v / acc_n for k, v in acc.items()}
+                if log_now:
+                    logs, losses = self._reduce_logs(acc, acc_n)
+                    for j, v in enumerate(losses):
+                        if not math.isfinite(v):
+                            self.log.warning("non-finite loss at step %d", self.step - acc_n + 1 + j)
                     logs.update(lrs)
                     logs["seq_per_s"] = win_seq / max(win_t, 1e-9)
                     logs.update(extra)
@@ -636,8 +880,6 @@ class Trainer:
                     acc, acc_n, win_t, win_seq = {}, 0, 0.0, 0
                 elif extra and self.on_step:
                     self.on_step(self.step, extra)
-                if not math.isfinite(step_logs["loss"]):
-                    self.log.warning("non-finite loss at step %d", self.step)
                 if self.ckpt_dir is not None and (
                         self._stop or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0)):
                     path = self.save_checkpoint()
@@ -649,7 +891,20 @@ class Trainer:
                     exc = Preempted(self.step, "(no checkpoint folder)")
                     self.log.warning("%s", exc)
                     raise exc
+                if prof is not None:
+                    prof.end()
         return self
+
+    def _reduce_logs(self, acc: Mapping[str, list], n: int) -> tuple[dict[str, float], list[float]]:
+        """The window's means of the per-step logs (``sum / n``, a key missing at a step counting 0) and
+        its per-step losses, with one transfer from the device for all the tensors among them."""
+        where = [(k, j) for k, vs in acc.items() for j, v in enumerate(vs) if isinstance(v, torch.Tensor)]
+        vals = {k: list(vs) for k, vs in acc.items()}
+        if where:
+            got = torch.stack([acc[k][j].reshape(()).double().to(self.device) for k, j in where]).cpu().tolist()
+            for (k, j), v in zip(where, got):
+                vals[k][j] = v
+        return {k: sum(vs) / n for k, vs in vals.items()}, vals.get("loss", [])
 
     @property
     def throughput(self) -> float:

@@ -180,7 +180,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
         if decay_touched and model.wl.requires_grad:
             touched.append(out.labels[out.labels >= 0].detach())
-        return loss, {"loss_c": float(lc), "loss_s": float(ls)}
+        return loss, {"loss_c": lc, "loss_s": ls}   # tensors: read at the logging interval, no sync per step
 
     if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
         on_step(0, evaluate(0))

@@ -57,29 +57,30 @@ def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text
 
 
 def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
-               labels: torch.Tensor, params: GUDNParams, class_loss: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, Mapping[str, float]]:
+               labels: torch.Tensor, params: GUDNParams, class_loss: torch.Tensor | None = None,
+               max_pos: int | None = None) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
     """``L_guide`` of Eq. 4 with the guides ``params`` switches on: the feature guide on the
     representations before dropout, weighted by :func:`balanced_weight` against ``class_loss`` (the
     text's classification loss of the step) when ``params.feature_weight`` is ``balanced``; the link
     guide is the backbone's own classification loss with the label features in place of the text's
-    (through dropout, as the text's)."""
+    (through dropout, as the text's).  The logs are 0-d tensors (read at the trainer's logging
+    interval); ``max_pos``: see :meth:`~xmc_steps.lightxml.model.LightXMLModel.candidates`."""
     total = torch.zeros((), device=e_text.device)
-    logs: dict[str, float] = {}
+    logs: dict[str, torch.Tensor] = {}
     if params.feature_guide:
         lf = feature_guide(e_text, e_label, params.feature_loss)
-        logs["loss_feature"] = float(lf.detach())
+        logs["loss_feature"] = lf.detach()
         if params.feature_weight == "balanced":
             if class_loss is None:
                 raise ValueError("feature_weight: balanced needs the step's classification loss")
             w = balanced_weight(lf, class_loss, e_text)
             lf = w * lf
-            logs["feature_weight"] = float(w)
+            logs["feature_weight"] = w.detach()
         total = total + lf
     if params.link_guide:
-        ll, _, _ = model.loss(model.dropout(e_label), rows, labels)
+        ll, _, _ = model.loss(model.dropout(e_label), rows, labels, max_pos=max_pos)
         total = total + ll
-        logs["loss_link"] = float(ll.detach())
+        logs["loss_link"] = ll.detach()
     return total, logs
 
 
@@ -164,6 +165,7 @@ class GuideNetwork:
         return True
 
     def __call__(self, model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
-                 labels: torch.Tensor, class_loss: torch.Tensor) -> tuple[torch.Tensor, Mapping[str, float]]:
+                 labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
+                 ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
         p = self.params if self.feature_on() or not self.params.feature_guide else self._off
-        return guide_loss(model, e_text, e_label, rows, labels, p, class_loss=class_loss)
+        return guide_loss(model, e_text, e_label, rows, labels, p, class_loss=class_loss, max_pos=max_pos)

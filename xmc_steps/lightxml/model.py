@@ -99,11 +99,14 @@ class LightXMLModel(nn.Module):
         return torch.topk(g.detach().float(), self.topb, dim=1).indices
 
     def candidates(self, g: torch.Tensor, pos_rows: torch.Tensor | None = None,
-                   pos_labels: torch.Tensor | None = None, top: torch.Tensor | None = None) -> Candidates:
+                   pos_labels: torch.Tensor | None = None, top: torch.Tensor | None = None,
+                   max_pos: int | None = None) -> Candidates:
         """Eq. 2: the labels of the top-``topb`` clusters by ``G(e)`` (from ``g``, the generator's
         logits, re-read at every call: the negatives are dynamic), or of the given clusters ``top``
         (``B x b``: the static negatives drawn once); in training (positives given) the positives are
-        added (see the package docstring for ``train_candidates``)."""
+        added (see the package docstring for ``train_candidates``); ``max_pos``, the most positives
+        of a text in the batch, if the caller knows it (the batch's builder does), spares reading it
+        from the device (a host-device sync per step)."""
         B, dev, L = g.shape[0], g.device, self.n_labels
         prob = torch.sigmoid(g.detach().float())
         training = pos_rows is not None
@@ -120,8 +123,11 @@ class LightXMLModel(nn.Module):
         cscore = cscore.masked_fill(labels < 0, 0.0)
         if not training:
             return Candidates(labels, cscore, None)
-        n_pos = torch.bincount(pos_rows, minlength=B)
-        P = max(int(n_pos.max()) if n_pos.numel() else 0, 1)
+        # a scatter, not bincount (on CUDA, bincount reads the input's range back: a sync)
+        n_pos = torch.zeros(B, dtype=torch.long, device=dev).index_add_(0, pos_rows, torch.ones_like(pos_rows))
+        if max_pos is None:
+            max_pos = int(n_pos.max()) if n_pos.numel() else 0
+        P = max(int(max_pos), 1)
         starts = torch.cumsum(n_pos, 0) - n_pos
         col = torch.arange(pos_rows.numel(), device=dev) - starts[pos_rows]
         extra = torch.full((B, P), -1, dtype=torch.long, device=dev)
@@ -149,19 +155,23 @@ class LightXMLModel(nn.Module):
         return self.loss(e, pos_rows, pos_labels)
 
     def loss(self, e: torch.Tensor, pos_rows: torch.Tensor, pos_labels: torch.Tensor, top: torch.Tensor | None = None,
-             generator_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             generator_only: bool = False, max_pos: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(L_g + L_d, L_g, L_d)``; ``top``: given candidate clusters (static negatives);
-        ``generator_only``: ``L_g`` alone (the first phase of static negatives)."""
+        ``generator_only``: ``L_g`` alone (the first phase of static negatives); ``max_pos``: see
+        :meth:`candidates`."""
         g = self.generator(e).float()
         y_g = torch.zeros_like(g)
         y_g[pos_rows, pos_labels if self.flat else self.cluster_of[pos_labels]] = 1.0
         loss_g = F.binary_cross_entropy_with_logits(g, y_g)                   # Eq. 1 (mean over B x K)
         if self.flat or generator_only:
             return loss_g, loss_g.detach(), torch.zeros((), device=g.device)
-        c = self.candidates(g, pos_rows, pos_labels, top)
+        c = self.candidates(g, pos_rows, pos_labels, top, max_pos)
         d = self.label_logits(e, c.labels)
-        valid = c.labels >= 0
-        loss_d = F.binary_cross_entropy_with_logits(d[valid], c.target[valid].float())  # Eq. 5 (mean)
+        valid = (c.labels >= 0).float()
+        # Eq. 5, the mean over the real candidates (masked, not selected: no sync for the selection's size)
+        per = F.binary_cross_entropy_with_logits(d, c.target.float(), reduction="none")
+        loss_d = (per * valid).sum() / valid.sum()
         return loss_g + loss_d, loss_g.detach(), loss_d.detach()
 
     # -- prediction

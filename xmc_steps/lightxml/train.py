@@ -205,7 +205,9 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[
 
 #: ``guide(model, e_text, e_label, rows, labels, class_loss) -> (loss, logs)``: an extra loss on the text's
 #: and its label sequence's representations before dropout (GUDN's guide network, :mod:`xmc_steps.gudn`);
-#: ``class_loss`` is the text's own classification loss of the step (a guide may weigh itself against it)
+#: ``class_loss`` is the text's own classification loss of the step (a guide may weigh itself against it); it
+#: is also given ``max_pos=`` (the batch's most positives of a text, see ``LightXMLModel.candidates``); its
+#: logs may be 0-d tensors (read at the trainer's logging interval)
 Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                  tuple[torch.Tensor, Mapping[str, float]]]
 
@@ -316,11 +318,14 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         return {"valid_p_at_1": m["p_at_1"], "valid_p_at_5": m["p_at_5"]}
 
     def batch_fn(idx: np.ndarray):
+        # built ahead of its step (Trainer.fit's prefetch): nothing here may read the training state
         ids, mask = tokens.batch(idx)
         rows, labels = positive_pairs(Y, idx)
-        batch = {"ids": ids, "mask": mask, "rows": rows, "labels": labels}
-        if static_at is not None and trainer.step >= static_at:
-            batch["top"] = box.static_top[torch.from_numpy(idx).to(box.static_top.device)].clone()
+        n_pos = np.diff(Y.indptr)[idx]
+        batch = {"ids": ids, "mask": mask, "rows": rows, "labels": labels,
+                 "max_pos": int(n_pos.max()) if len(n_pos) else 0}
+        if static_at is not None:
+            batch["idx"] = torch.from_numpy(np.asarray(idx, dtype=np.int64))
         if label_tokens is not None:
             batch["label_ids"], batch["label_mask"] = label_tokens.batch(idx)
         return batch
@@ -330,14 +335,15 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         raw = net.encoder(b["ids"], b["mask"])
         e = net.dropout(raw)
         if static_at is None:
-            loss, lg, ld = net.loss(e, b["rows"], b["labels"])
-        elif "top" not in b:                        # static, first phase: the generator alone
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], max_pos=b["max_pos"])
+        elif trainer.step < static_at:              # static, first phase: the generator alone
             loss, lg, ld = net.loss(e, b["rows"], b["labels"], generator_only=True)
-        else:                                       # static, second phase: the drawn clusters
-            loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=b["top"])
-        logs = {"loss_g": float(lg), "loss_d": float(ld)}
+        else:                                       # static, second phase: the drawn clusters (a device gather)
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=m.static_top[b["idx"]], max_pos=b["max_pos"])
+        logs = {"loss_g": lg, "loss_d": ld}        # tensors: read at the logging interval, no sync per step
         if guide is not None:
-            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"], loss)
+            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"], loss,
+                                max_pos=b["max_pos"])
             loss = loss + extra
             logs.update(more)
         return loss, logs
