@@ -12,7 +12,8 @@ test clusters and embeddings), and with ``--baseline REV`` the same calls with
 the package ``xmc_steps`` as it was at ``REV`` (extracted from git and imported under a name
 of its own).
 Prints one JSON object per (model, code): seconds, ms/document, and whether the predictions
-equal the current code's (to 1e-5).  ``--batch-sizes`` also times every method called on
+equal the current code's (``identical_to_current``: the same entries and float32 values;
+``equal_to_current``: to 1e-5).  ``--batch-sizes`` also times every method called on
 batches of that many documents (batch 1: one call per document, on the first
 ``--docs-batch1`` documents): xr-linear, parabel (``results/<d>/parabel/model``), the
 X-Transformer rankers, the matcher's encoder pass over the test tokens (the online half of
@@ -202,6 +203,7 @@ def main() -> None:
     a = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(v, str(a.threads))
+    import numpy as np
     import scipy.sparse as sp
 
     from xmc_steps import io, ranker, search, xr_linear, xtransformer
@@ -239,10 +241,13 @@ def main() -> None:
             s = time.perf_counter() - t0
             ref = P if ref is None else ref
             ours = 1000 * s / n if (name, code) == ("xr-linear", "current") else ours
-            d = abs(sp.csr_matrix(P) - ref)
+            P, R = sp.csr_matrix(P), sp.csr_matrix(ref)
+            same = bool(P.shape == R.shape and np.array_equal(P.indptr, R.indptr) and np.array_equal(P.indices, R.indices)
+                        and np.array_equal(P.data, R.data))
+            d = abs(P - R)
             print(json.dumps({"dataset": a.dataset, "model": name, "code": code, "docs": n, "seconds": round(s, 3),
-                              "ms_per_doc": round(1000 * s / n, 3),
-                              "equal_to_current": bool(d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
+                              "ms_per_doc": round(1000 * s / n, 3), "identical_to_current": same,
+                              "equal_to_current": bool(same or d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
     for b in a.batch_sizes:
         n_docs = min(a.docs, a.docs_batch1) if b == 1 else a.docs
         for name, fn in _batched_jobs(root, n_docs, xr_linear, xtransformer):

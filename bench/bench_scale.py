@@ -15,6 +15,14 @@ and prints one JSON object per stage: ``stage``, ``seconds``, ``peak_rss_mb`` (e
 stage's own process, from its stage record) and ``output_mb`` (the files it wrote).
 Run it at a few fractions to see which stage grows faster than the data (time and
 memory against F).  Timings on a shared machine are noisy; compare within one run.
+
+``--linear-only`` builds only what xr-linear needs (no tokens, no ELIAS index).  ``--train-only``
+(after a run at the same fraction) times ``XRLinearModel.train`` alone in this process on the DAG's
+features and tree, ``--repeat`` times, one thread, and prints ``{"stage": "xr_linear_train (in
+process)", "seconds": [...], "docs", "labels", "nnz"}``: put two fractions side by side in one
+session (``--fraction 0.005 0.02``) to read the growth against N without the DAG's other jobs;
+``--baseline REV`` also times the package as it was at a git revision, ``--code DIR`` imports
+``xmc_steps`` from another folder.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# --code DIR: the package xmc_steps from DIR (e.g. a checkout with a change under test), not this one
+_CODE = sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv[:-1] else None
+sys.path.insert(0, _CODE or str(ROOT))
 
 from xmc_steps import synth  # noqa: E402
 
@@ -74,12 +84,78 @@ def elias_index(data_dir: Path, n_labels: int, seed: int = 0) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="wiki500k", choices=sorted(synth.SHAPES))
-    ap.add_argument("--fraction", type=float, default=0.02)
+    ap.add_argument("--fraction", type=float, nargs="+", default=[0.02])
+    ap.add_argument("--linear-only", action="store_true", help="only the stages xr-linear needs")
+    ap.add_argument("--train-only", action="store_true", help="time XRLinearModel.train alone (after a DAG run)")
+    ap.add_argument("--repeat", type=int, default=1, help="--train-only: trainings per fraction")
+    ap.add_argument("--code", default=None, help="import xmc_steps from this folder")
+    ap.add_argument("--baseline", default=None, help="--train-only: also time the package at this git revision")
     ap.add_argument("--work", default=str(ROOT / "bench-out" / "scale"))
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--elias-only", action="store_true", help=argparse.SUPPRESS)   # the child process
     args = ap.parse_args(argv)
+    if args.train_only:
+        os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        codes = {"current" if not args.code else f"code {args.code}": "xmc_steps"}
+        if args.baseline:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from bench_predict import _package_at
+
+            codes = {args.baseline: _package_at(args.baseline), **codes}
+        for f in args.fraction:
+            for code, pkg in codes.items():
+                _emit({"code": code, **train_only(args, f, pkg)})
+        return
+    fractions = args.fraction
+    for f in fractions:
+        args.fraction = f
+        run_fraction(args)
+
+
+def train_only(args, fraction: float, pkg: str = "xmc_steps") -> dict:
+    """``XRLinearModel.train`` of package ``pkg`` alone on the DAG's features, labels and tree at
+    ``fraction`` (1 thread)."""
+    import importlib
+
+    import scipy.sparse as sp
+
+    io = importlib.import_module(f"{pkg}.io")
+    ClusterTree = importlib.import_module(f"{pkg}.cluster_tree").ClusterTree
+    xr = importlib.import_module(f"{pkg}.xr_linear")
+    XRLinearModel, XRLinearParams = xr.XRLinearModel, xr.XRLinearParams
+
+    name = f"{args.shape}-f{fraction:g}".replace(".", "")
+    res = Path(args.work).resolve() / "results" / name
+    X = sp.vstack([io.load_csr(res / "features/tfidf/X_train.npz"), io.load_csr(res / "features/tfidf/X_valid.npz")],
+                  format="csr")
+    Y = sp.vstack([io.load_csr(res / "ingest/Y_train.npz"), io.load_csr(res / "ingest/Y_valid.npz")], format="csr")
+    # the tree xr-linear trains on: the DAG's pifa-tfidf tree without a floor on its leaf count
+    tree = ClusterTree.load(next(p for p in sorted((res / "index" / "pifa-tfidf").glob("tree-*.npz"))
+                                 if "-c" not in p.stem.split("-l", 1)[1]))
+    import logging
+
+    class Levels(logging.Handler):          # the per-level seconds XRLinearModel.train logs
+        def emit(self, record):
+            levels.append(round(float(record.args[-1]), 2))
+
+    log = logging.getLogger("bench_scale.train")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(Levels())
+    secs, by_level = [], []
+    for _ in range(args.repeat):
+        levels: list[float] = []
+        t0 = time.perf_counter()
+        XRLinearModel.train(X, Y, tree, XRLinearParams(threads=1), log=log)
+        secs.append(round(time.perf_counter() - t0, 2))
+        by_level.append(levels)
+    return {"stage": "xr_linear_train (in process)", "fraction": fraction, "seconds": secs,
+            "seconds_by_level": by_level, "docs": X.shape[0], "labels": Y.shape[1], "nnz": int(X.nnz),
+            "tree": tree.level_sizes}
+
+
+def run_fraction(args) -> None:
     shape = synth.SHAPES[args.shape]
     work = Path(args.work).resolve()
     name = f"{args.shape}-f{args.fraction:g}".replace(".", "")
@@ -101,7 +177,7 @@ def main(argv=None) -> None:
                **{f"{k}_docs": v["documents"] for k, v in info["written"].items()}, "labels": shape.n_labels})
     cfg = work / "bench.yaml"
     cfg.write_text(json.dumps({"data_dir": str(work / "data"), "results_dir": str(work / "results")}))
-    targets = [f"{res}/xr-linear.json", f"{res}/features/tokens/minilm-64/record.json"]
+    targets = [f"{res}/xr-linear.json"] + ([] if args.linear_only else [f"{res}/features/tokens/minilm-64/record.json"])
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "snakemake", *targets, "--snakefile", str(ROOT / "Snakefile"),
                         "--directory", str(work), "--cores", str(args.cores),
@@ -116,6 +192,8 @@ def main(argv=None) -> None:
                "seconds": round(float(rec["wall_s"]), 2), "peak_rss_mb": round(float(rec["peak_rss_mb"]), 1),
                "output_mb": _mb(rec.get("outputs", {}).values())})
     _emit({"stage": "snakemake (all of the above, wall)", "seconds": round(time.perf_counter() - t0, 2)})
+    if args.linear_only:
+        return
 
     r = subprocess.run([sys.executable, __file__, "--elias-only", "--shape", args.shape, "--fraction",
                         str(args.fraction), "--work", str(work), "--seed", str(args.seed)],

@@ -135,3 +135,35 @@ def test_local_columns_keeps_the_occurring_columns_in_order():
     assert loc.shape == (50, len(cols)) and loc.indices.dtype == np.int32
     assert np.array_equal(loc.toarray(), E.toarray()[:, cols])
     assert _local_columns(sp.csr_matrix((3, 7), dtype=np.float32)).shape == (3, 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_depth_split_at_once_equals_the_node_by_node_splits(seed, monkeypatch):
+    """hierarchical_kmeans splits a depth with many nodes in one set of array operations
+    (_split_level): the tree is the node-by-node one, label for label; so are the sides of a level
+    with tiny nodes (0, 1, 2 rows), rows without entries and nodes that never converge."""
+    import xmc_steps.cluster_tree as ct
+
+    E = _random_emb(700, d=40, density=0.08, seed=seed)
+    E = sp.vstack([E[:650], sp.csr_matrix((50, 40), dtype=np.float32)], format="csr")     # empty rows
+    monkeypatch.setattr(ct, "LEVEL_BATCH_NODES", 10**9)
+    ref = hierarchical_kmeans(E, branching=4, leaf_size=6, seed=seed, max_iter=7)
+    monkeypatch.setattr(ct, "LEVEL_BATCH_NODES", 1)
+    monkeypatch.setattr(ct, "LEVEL_BATCH_SIZE", 10**9)
+    for group_nnz in (1 << 22, 37):           # one group per depth, and groups of a few nodes
+        monkeypatch.setattr(ct, "LEVEL_BATCH_NNZ", group_nnz)
+        got = hierarchical_kmeans(E, branching=4, leaf_size=6, seed=seed, max_iter=7)
+        assert got.level_sizes == ref.level_sizes
+        for t in range(1, ref.depth + 1):
+            np.testing.assert_array_equal(got.parents(t), ref.parents(t))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(E.shape[0])
+    cuts = np.unique(np.r_[0, np.sort(rng.choice(np.arange(1, E.shape[0]), 60, replace=False)), E.shape[0]])
+    cuts = np.unique(np.r_[cuts, cuts[:5] + 1, cuts[5:8] + 2])                  # nodes of 1 and 2 rows
+    bounds = list(zip(cuts[:-1], cuts[1:]))
+    for max_iter in (1, 3, 20):
+        want = np.concatenate([balanced_2means(E[order[a:b]], np.random.default_rng([seed, 9, j]), max_iter)
+                               for j, (a, b) in enumerate(bounds)])
+        side = ct._split_level(E, order, bounds, [np.random.default_rng([seed, 9, j]) for j in range(len(bounds))],
+                               max_iter)
+        np.testing.assert_array_equal(side, want)

@@ -166,3 +166,26 @@ def test_ids_with_stdin_input_are_counted_before_anything_is_printed(tmp_path, m
 
 def test_read_texts_drops_a_byte_order_mark_on_the_first_line_only():
     assert list(xp.read_texts([b"\xef\xbb\xbfa\n", b"\xef\xbb\xbfb\n"], "in.txt")) == [(1, "a"), (2, "\ufeffb")]
+
+
+@pytest.mark.parametrize("params", [{"ngram_range": [1, 2], "min_df": 1, "sublinear_tf": True},
+                                    {"ngram_range": [1, 1], "min_df": 2, "sublinear_tf": False, "lowercase": False}])
+def test_few_texts_get_the_tfidf_bytes_of_the_dag_transform(params):
+    """TfidfModel.transform_few (a service's or the command's few texts) against transform_batches (the
+    DAG's): the same columns and float32 bits, one text at a time and in a batch, with repeated words,
+    unknown words and texts with no known word."""
+    from xmc_steps.tfidf import fit_transform
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(60)] + ["Åsa", "Det", "det", "n-gram", "x"]
+    train = [" ".join(rng.choice(words, int(rng.integers(1, 40)))) for _ in range(200)]
+    model, _ = fit_transform(train, {}, params)
+    texts = train[:30] + ["", "   ", "unknown words only", "w1 w1 w1 w1 w2 zz", "Det det DET w3"]
+    ref = model.transform_batches([texts])
+    few = model.transform_few(texts)
+    assert np.array_equal(few.indptr, ref.indptr) and np.array_equal(few.indices, ref.indices)
+    assert few.dtype == np.float32 and np.array_equal(few.data.view(np.int32), ref.data.view(np.int32))
+    for i, t in enumerate(texts):
+        got, want = model.transform_few([t]), ref[i]
+        assert np.array_equal(got.indices, want.indices) and np.array_equal(got.data.view(np.int32), want.data.view(np.int32))
+    assert xp.FEW_TEXTS >= 1

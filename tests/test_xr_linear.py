@@ -252,3 +252,131 @@ def test_debtags_precision():
     top1 = np.asarray(P.argmax(axis=1)).ravel()
     p1 = Yte.toarray()[np.arange(Xte.shape[0]), top1].mean()
     assert p1 >= 0.89, f"P@1 {p1:.4f} (train {train_s:.0f} s)"
+
+
+# --------------------------------------------------------------------------- same bytes as the reference paths
+
+
+def _bytes_equal(A: sp.csr_matrix, B: sp.csr_matrix) -> bool:
+    A, B = sp.csr_matrix(A), sp.csr_matrix(B)
+    return (A.shape == B.shape and np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+            and A.data.dtype == B.data.dtype == np.float32 and np.array_equal(A.data.view(np.int32), B.data.view(np.int32)))
+
+
+def _reference_search(model, X, levels, beam, keep, kind, batch=256):
+    """The scipy path the tables replace: beam_search with linear_scorer, batch by batch."""
+    from xmc_steps.search import linear_scorer
+
+    Xa = append_bias(X, model.params.solver.bias)
+    parts = [beam_search(model.tree.C[:levels], linear_scorer(Xa[r:r + batch], model.W, kind),
+                         min(batch, X.shape[0] - r), beam, keep) for r in range(0, X.shape[0], batch)]
+    out = sp.vstack(parts, format="csr")
+    out.sort_indices()
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_table_search_gives_the_bytes_of_the_sparse_product_path(seed):
+    """Beam search by tables (one document or a batch) against beam_search + linear_scorer: the same
+    rows, node ids and float32 bits, for the labels and the clusters, with ties (a saturated
+    transform) and with rows that have no feature."""
+    X, Y, tree, model = _model(seed)
+    X = sp.vstack([X[:40], sp.csr_matrix((2, X.shape[1]), dtype=np.float32), X[40:80]], format="csr")
+    # ties: every score >= 1 is 1 under l3-hinge, so whole clusters tie at their parent's score
+    big = XRLinearModel(model.tree, [w * 5.0 for w in model.W], model.params)
+    for m in (model, big):
+        for kind in ("l3-hinge", "sigmoid", "l2-hinge"):
+            for beam, keep in ((1, 3), (2, 5), (3, 40), (8, 10)):
+                ref = _reference_search(m, X, tree.depth, beam, keep, kind)
+                assert _bytes_equal(m.predict(X, beam=beam, topk=keep, transform=kind), ref)
+                assert _bytes_equal(m.predict(X, beam=beam, topk=keep, transform=kind, batch_size=7), ref)
+                for i in (0, 5, 40, 41, 70):                      # one document at a time
+                    assert _bytes_equal(m.predict(X[i:i + 1], beam=beam, topk=keep, transform=kind), ref[i])
+                refc = _reference_search(m, X, tree.depth - 1, beam, max(beam, 4), kind)
+                assert _bytes_equal(m.predict_clusters(X, beam=beam, transform=kind, keep=4), refc)
+
+
+def test_table_search_on_a_deep_tree_rescales_as_beam_search():
+    """The 40-level tree of test_deep_tree_scores_do_not_underflow: rows rescaled at the same levels."""
+    depth = 40
+    parents = [np.zeros(2, np.int64)] + [np.arange(2)] * (depth - 2) + [np.array([0, 0, 1, 1])]
+    tree = ClusterTree.from_parents(parents)
+    rng = np.random.default_rng(3)
+    W = [sp.csr_matrix(np.where(rng.random((4, n)) < 0.7, rng.normal(-0.9, 0.3, (4, n)), 0).astype(np.float32))
+         for n in tree.level_sizes[1:]]
+    model = XRLinearModel(tree, W)
+    X = sp.csr_matrix(rng.random((6, 3)).astype(np.float32))
+    assert _bytes_equal(model.predict(X, beam=2, topk=4), _reference_search(model, X, tree.depth, 2, 4, "l3-hinge"))
+
+
+def test_with_bias_is_append_bias():
+    from xmc_steps.xr_linear import with_bias
+
+    rng = np.random.default_rng(4)
+    X = sp.random(30, 12, density=0.3, format="csr", random_state=rng, dtype=np.float32)
+    X = sp.vstack([X, sp.csr_matrix((2, 12), dtype=np.float32)], format="csr")
+    Xu = X.copy()
+    Xu.indices, Xu.data = Xu.indices.copy(), Xu.data.copy()
+    for r in range(Xu.shape[0]):                   # unsorted columns within each row
+        a, b = Xu.indptr[r], Xu.indptr[r + 1]
+        Xu.indices[a:b], Xu.data[a:b] = Xu.indices[a:b][::-1], Xu.data[a:b][::-1]
+    Xu.has_sorted_indices = False
+    for M in (X, Xu, X.astype(np.float64)):
+        for bias in (1.0, 0.0, 2.5):
+            assert _bytes_equal(with_bias(M, bias), append_bias(M, bias))
+
+
+def test_direct_liblinear_gives_the_bytes_of_linear_svc():
+    """liblinear_direct.fit_ranker against ranker._fit_one (LinearSVC): the same float64 weights and bias,
+    over C, bias, seeds, degenerate labels and instances without features."""
+    from xmc_steps import liblinear_direct
+    from xmc_steps.ranker import _fit_one, liblinear_csr
+
+    rng = np.random.default_rng(5)
+    for trial in range(12):
+        n, d = int(rng.integers(10, 400)), int(rng.integers(3, 80))
+        X = liblinear_csr(sp.random(n, d, density=rng.uniform(0.02, 0.4), format="csr", random_state=rng).astype(np.float64))
+        y = np.where(rng.random(n) < rng.uniform(0.05, 0.6), 1.0, -1.0)
+        if trial == 10:
+            y[:] = -1.0
+        if trial == 11:
+            X = liblinear_csr(sp.csr_matrix((n, d), dtype=np.float64))
+            y[0] = 1.0
+        p = RankerParams(C=[1.0, 0.5, 4.0][trial % 3], bias=[1.0, 0.0, 2.0, 0.5][trial % 4], seed=trial % 3,
+                         tol=[0.1, 0.01][trial % 2], max_iter=[100, 5][trial % 2])
+        w0, b0 = _fit_one(X, y, p)
+        w1, b1 = liblinear_direct.fit_ranker(X, y, p)
+        assert w0.dtype == w1.dtype and np.array_equal(w0, w1) and b0 == b1 and type(b0) is type(b1), trial
+
+
+def test_rows_with_a_dense_block_keep_the_sparse_product_path():
+    """Features stored in most rows (a neural block) are summed in another order by masked_product:
+    such batches keep that path, so the result is still its bytes."""
+    from xmc_steps.search import uses_dense_block
+
+    X, Y, tree, model = _model(0)
+    rng = np.random.default_rng(6)
+    dense = sp.csr_matrix(rng.random((X.shape[0], 10)).astype(np.float32))
+    Xd = sp.hstack([X[:, :50], dense], format="csr")
+    assert uses_dense_block(append_bias(Xd[:64])) and not uses_dense_block(append_bias(X[:64]))
+    ref = _reference_search(model, Xd, tree.depth, 2, 5, "l3-hinge", batch=64)
+    assert _bytes_equal(model.predict(Xd, beam=2, topk=5, batch_size=64), ref)
+
+
+def test_rankers_solved_directly_give_the_bytes_of_linear_svc():
+    """train_rankers with liblinear called directly (direct=True) against LinearSVC (direct=False): the
+    same W, byte for byte, with a mask and without, 1 and 2 workers.  Skipped where train_rankers has no
+    such choice."""
+    import inspect
+
+    from xmc_steps.ranker import train_rankers
+
+    if "direct" not in inspect.signature(train_rankers).parameters:
+        pytest.skip("train_rankers solves through LinearSVC only")
+    X, Y, tree, _ = _model(0)
+    col = tree.parents(tree.depth)
+    mask = sp.csr_matrix(np.random.default_rng(7).random((X.shape[0], tree.n_clusters)) < 0.3, dtype=np.float32)
+    for m in (None, mask):
+        ref = train_rankers(X, Y, col, m, {"threshold": 0.05}, threads=1, direct=False)
+        for threads in (1, 2):
+            assert _bytes_equal(train_rankers(X, Y, col, m, {"threshold": 0.05}, threads=threads, direct=True), ref)

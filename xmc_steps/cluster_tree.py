@@ -250,6 +250,182 @@ def balanced_2means(E: sp.csr_matrix, rng: np.random.Generator, max_iter: int = 
     return side
 
 
+#: a depth with at least this many nodes to split, of at most ``LEVEL_BATCH_SIZE`` labels on average, is
+#: split by :func:`_split_level` (all its nodes in one set of array operations), else by
+#: :func:`balanced_2means` node by node: the same splits either way.  Large nodes gain nothing from it
+#: (their own arrays are large already); small ones spent most of their time in per-node overhead
+#: (a Wiki-500K-shaped tree's deepest depth, 4,096 nodes of 122 labels, 3-5x the top depths' time per label)
+LEVEL_BATCH_NODES = 16
+LEVEL_BATCH_SIZE = 512
+#: stored entries of the embedding split together at most (unless one node has more): bounds the dense
+#: centroids (2 x the group's columns) and the group's copies
+LEVEL_BATCH_NNZ = 1 << 22
+
+
+def _node_norms(cent: np.ndarray, col_ptr: np.ndarray) -> np.ndarray:
+    """``np.linalg.norm(cent[:, a:b], axis=1)`` of each column segment ``a:b`` of ``col_ptr``
+    (``2 x segments``), computed as :func:`balanced_2means` computes it on a node's own ``2 x m``
+    block: segments of one length are stacked and reduced along that last axis (the same sums)."""
+    m = np.diff(col_ptr)
+    out = np.zeros((2, len(m)), dtype=np.float32)
+    for length in np.unique(m):
+        if length == 0:
+            continue
+        sel = np.flatnonzero(m == length)
+        cols = col_ptr[sel][:, None] + np.arange(length)[None, :]
+        out[:, sel] = np.linalg.norm(cent[:, cols], axis=2)
+    return out
+
+
+def _keep_nodes(E: sp.csr_matrix, node: np.ndarray, col_ptr: np.ndarray, nodes: np.ndarray, keep: np.ndarray):
+    """The rows and columns of the nodes ``nodes[keep]`` only (``nodes``: the nodes of ``E``'s rows in
+    order, one column segment of ``col_ptr`` each): the kept rows' positions, ``E``'s rows of those
+    nodes with their columns renumbered in the same order, their node ids, and the new column pointer.
+    What a step then costs follows the nodes still splitting, not the whole depth."""
+    wanted = np.zeros(int(node.max(initial=-1)) + 1 if len(node) else 0, dtype=bool)
+    wanted[nodes[keep]] = True
+    rows = np.flatnonzero(wanted[node]) if len(node) else np.zeros(0, dtype=np.int64)
+    lens = np.diff(col_ptr)
+    new_id = np.cumsum(np.repeat(keep, lens)) - 1
+    Ek = E[rows] if len(rows) < E.shape[0] else E
+    n_cols = int(lens[keep].sum())
+    Ek = sp.csr_matrix((Ek.data, new_id[Ek.indices].astype(np.int32), Ek.indptr), shape=(len(rows), max(n_cols, 1)))
+    ptr = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(lens[keep], out=ptr[1:])
+    return rows, Ek, node[rows], ptr
+
+
+def _entry_ranges(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions of the stored entries of ``rows`` (a CSR ``indptr``), row after row."""
+    a = indptr[rows].astype(np.int64)
+    n = indptr[rows + 1].astype(np.int64) - a
+    if not n.sum():
+        return np.zeros(0, dtype=np.int64)
+    first = np.repeat(a - np.r_[0, np.cumsum(n)[:-1]], n)
+    return first + np.arange(int(n.sum()), dtype=np.int64)
+
+
+def _node_columns(E: sp.csr_matrix, node_of_row: np.ndarray, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each entry's column renumbered within its row's node: node ``j``'s columns that occur get the
+    ids ``col_ptr[j] .. col_ptr[j+1]-1`` in column order (what :func:`_local_columns` gives each node
+    on its own).  Two counting sorts, no comparison sort: entries by column (scipy's CSC conversion),
+    then stably by node."""
+    nnz = E.nnz
+    if nnz == 0:
+        return np.zeros(0, dtype=np.int32), np.zeros(n_nodes + 1, dtype=np.int64)
+    pos = sp.csr_matrix((np.arange(1, nnz + 1, dtype=np.int64), E.indices, E.indptr), shape=E.shape).tocsc()
+    by_col = pos.data - 1                                          # entries in (column, row) order
+    col_sorted = np.repeat(np.arange(E.shape[1], dtype=np.int64), np.diff(pos.indptr))
+    row_of_entry = np.repeat(np.arange(E.shape[0], dtype=np.int64), np.diff(E.indptr))
+    nd = node_of_row[row_of_entry[by_col]]
+    o = np.argsort(nd.astype(np.uint16) if n_nodes <= 1 << 16 else nd, kind="stable")   # (node, column, row)
+    nd_o, col_o = nd[o], col_sorted[o]
+    new = np.concatenate(([True], (nd_o[1:] != nd_o[:-1]) | (col_o[1:] != col_o[:-1])))
+    local = np.cumsum(new) - 1                                      # one id per (node, column), in order
+    cols = np.empty(nnz, dtype=np.int32)
+    cols[by_col[o]] = local
+    col_ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(nd_o[new], minlength=n_nodes), out=col_ptr[1:])
+    return cols, col_ptr
+
+
+def _top_half(score: np.ndarray, node: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """Side 0 for the ``half[j]`` best rows of each node ``j`` (rows of a node together, in order), 1
+    for the others: a stable ``argsort(-score)`` per node, as :func:`balanced_2means` splits, ties
+    going to the earlier row.  Each node's threshold is its ``half``-th best score, from one partition
+    of a nodes x rows block; only the rows tied with it are counted in order."""
+    n = len(score)
+    starts = np.flatnonzero(np.concatenate(([True], node[1:] != node[:-1])))
+    ids = node[starts]
+    cnt = np.diff(np.append(starts, n))
+    pos = np.arange(n) - np.repeat(starts, cnt)
+    block = np.full((len(starts), int(cnt.max())), -np.inf, dtype=np.float32)
+    block[np.repeat(np.arange(len(starts)), cnt), pos] = score
+    h = half[ids]
+    ks = np.unique(h)
+    part = -np.partition(-block, ks - 1, axis=1)
+    thr = part[np.arange(len(starts)), h - 1]                  # each node's half-th best score
+    t = np.repeat(thr, cnt)
+    above = score > t
+    tied = np.flatnonzero(score == t)                          # in (node, row) order already
+    room = h - np.add.reduceat(above, starts)                  # ties a node takes: the earliest
+    seg = np.repeat(np.arange(len(starts)), cnt)[tied]
+    first_tie = np.searchsorted(seg, seg, side="left")
+    side = np.ones(n, dtype=np.int8)
+    side[above] = 0
+    side[tied[(np.arange(len(tied)) - first_tie) < room[seg]]] = 0
+    return side
+
+
+def _split_level(emb: sp.csr_matrix, order: np.ndarray, bounds: list[tuple[int, int]],
+                 rngs: list[np.random.Generator | None], max_iter: int) -> np.ndarray:
+    """:func:`balanced_2means` of every node of one depth at once: node ``j`` holds the rows
+    ``order[a:b]`` (``(a, b) = bounds[j]``) and draws its two seeds from ``rngs[j]``; returns the side
+    of each row of ``order`` (int8), equal to the node-by-node result.
+
+    The nodes' rows are stacked with their columns re-indexed per node (node ``j``'s used columns get
+    ids of their own, in order: :func:`_node_columns`), so one sparse product scores every row against
+    its own node's centroids, one partition finds each node's better half (:func:`_top_half`), and one
+    product sums each node's new centroids; every sum runs over the same entries in the same order as
+    the node's own product did, and each centroid's norm is taken over the node's own columns
+    (:func:`_node_norms`).  A node stops when its split repeats, as :func:`balanced_2means` does; once
+    most rows belong to stopped nodes they are left out (:func:`_keep_nodes`)."""
+    n_nodes = len(bounds)
+    starts = np.array([a for a, _ in bounds] + [len(order)], dtype=np.int64)
+    sizes = np.diff(starts)
+    node_of_row = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
+    E = emb[order]
+    cols, col_ptr = _node_columns(E, node_of_row, n_nodes)
+    E = sp.csr_matrix((E.data, cols, E.indptr), shape=(E.shape[0], max(int(col_ptr[-1]), 1)))
+    side = np.zeros(len(order), dtype=np.int8)
+    active = np.flatnonzero(sizes >= 2)
+    if not len(active):
+        return side
+    # the nodes that split (2 rows or more) and their columns only
+    rows, Ea, node, col_ptr = _keep_nodes(E, node_of_row, col_ptr, np.arange(n_nodes), sizes >= 2)
+    # the seeds: rows i0, i1 of each node as its two centroids
+    cent = np.zeros((2, Ea.shape[1]), dtype=np.float32)
+    seeds = np.array([rngs[j].choice(int(sizes[j]), size=2, replace=False) for j in active], dtype=np.int64)
+    pos = np.zeros(n_nodes + 1, dtype=np.int64)                   # a node's first row within Ea
+    np.cumsum(np.bincount(node, minlength=n_nodes), out=pos[1:])
+    for c in range(2):
+        e = _entry_ranges(Ea.indptr, pos[active] + seeds[:, c])
+        cent[c, Ea.indices[e]] = Ea.data[e]
+    half = (sizes + 1) // 2
+    present = active                       # the nodes whose rows Ea holds (some may be done)
+    is_active = np.zeros(n_nodes, dtype=bool)
+    is_active[active] = True
+    prev = None
+    last = max(1, max_iter) - 1
+    for it in range(last + 1):
+        score = Ea @ (cent[0] - cent[1])
+        new = _top_half(score, node, half)
+        live = is_active[node]                        # rows of the nodes still splitting
+        side[rows[live]] = new[live]
+        if prev is not None:
+            changed = np.zeros(n_nodes, dtype=bool)
+            changed[node[(new != prev) & live]] = True
+            done = active[~changed[active]]           # a node whose split repeated is done
+            if len(done):
+                is_active[done] = False
+                active = active[changed[active]]
+                if 2 * int(sizes[active].sum()) < len(rows):     # most rows are done: leave them out
+                    kept, Ea, node, col_ptr = _keep_nodes(Ea, node, col_ptr, present, is_active[present])
+                    rows, new, present = rows[kept], new[kept], active
+        if not len(active) or it == last:
+            break
+        prev = new
+        ind = sp.csr_matrix((np.ones(len(rows), np.float32), new.astype(np.int32), np.arange(len(rows) + 1)),
+                            shape=(len(rows), 2))
+        cent = (ind.T @ Ea).toarray()
+        norms = _node_norms(cent, col_ptr)
+        norms[norms == 0] = 1.0
+        full = np.ones((2, cent.shape[1]), dtype=np.float32)
+        full[:, :col_ptr[-1]] = np.repeat(norms, np.diff(col_ptr), axis=1)
+        cent /= full
+    return side
+
+
 def tree_levels(n_labels: int, branching: int, leaf_size: int, min_leaves: int = 1) -> tuple[int, list[int]]:
     """Binary depth ``D`` and the binary levels kept for a ``branching``-ary tree (ascending).
 
@@ -302,10 +478,26 @@ def hierarchical_kmeans(
                 rng = np.random.default_rng([seed, depth, int(uniq[j])])
                 return idx, balanced_2means(emb[idx], rng, max_iter)
 
-            results = pool.map(split, range(len(uniq))) if pool else map(split, range(len(uniq)))
             new = codes * 2
-            for idx, side in results:
-                new[idx] += side
+            if len(uniq) >= LEVEL_BATCH_NODES and L <= LEVEL_BATCH_SIZE * len(uniq):
+                rngs = [np.random.default_rng([seed, depth, int(u)]) if b - a >= 2 else None
+                        for u, (a, b) in zip(uniq, bounds)]
+                # consecutive nodes in groups of at most LEVEL_BATCH_NNZ entries (one node at least):
+                # a group's dense centroids span its nodes' columns only
+                nnz = np.zeros(len(order) + 1, dtype=np.int64)
+                np.cumsum(np.diff(emb.indptr)[order], out=nnz[1:])
+                ends = nnz[[b for _, b in bounds]]
+                j = 0
+                while j < len(bounds):
+                    k = max(j + 1, int(np.searchsorted(ends, nnz[bounds[j][0]] + LEVEL_BATCH_NNZ, side="right")))
+                    a0, b0 = bounds[j][0], bounds[k - 1][1]
+                    new[order[a0:b0]] += _split_level(emb, order[a0:b0], [(a - a0, b - a0) for a, b in bounds[j:k]],
+                                                      rngs[j:k], max_iter)
+                    j = k
+            else:
+                results = pool.map(split, range(len(uniq))) if pool else map(split, range(len(uniq)))
+                for idx, side in results:
+                    new[idx] += side
             codes = new
             if depth + 1 in keep:
                 kept[depth + 1] = codes.copy()

@@ -137,6 +137,11 @@ class Target:
 # --------------------------------------------------------------------------- features
 
 
+#: batches of at most this many texts get their TF-IDF from :meth:`~xmc_steps.tfidf.TfidfModel.transform_few`
+#: (the same bytes as the DAG's transform, without its fixed cost per call: one text at a time, a service)
+FEW_TEXTS = 32
+
+
 class Features:
     """The inputs the methods read, computed once per batch of texts as the DAG computes them for
     the test split: TF-IDF on the fitted vocabulary, token ids per (encoder key, length)."""
@@ -147,8 +152,10 @@ class Features:
 
     @cached_property
     def tfidf(self) -> sp.csr_matrix:
-        return _tfidf_model(self.target.res, self.target.dataset, _freeze(self.target.settings["tfidf"])).transform_batches(
-            [self.texts])
+        model = _tfidf_model(self.target.res, self.target.dataset, _freeze(self.target.settings["tfidf"]))
+        if len(self.texts) <= FEW_TEXTS:       # the same matrix, without scikit-learn's per-call checks
+            return model.transform_few(self.texts)
+        return model.transform_batches([self.texts])
 
     def tokens(self, encoder: str, max_length: int):
         """Token ids of the texts for ``encoder`` (a name or folder, as the trained model records it)."""

@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
+from .liblinear_direct import fit_ranker
 from .params import Params
 from .stage import StageError
 
@@ -107,7 +108,9 @@ SOLVER_MOVED = {k: f"solver.{k}" for k in ("C", "threshold", "tol", "max_iter", 
 
 
 def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndarray, float]:
-    """One squared-hinge SVM; returns (feature weights, bias weight)."""
+    """One squared-hinge SVM; returns (feature weights, bias weight).  The solve itself is
+    :func:`xmc_steps.liblinear_direct.fit_ranker` (liblinear without LinearSVC's per-call checks,
+    the same bytes); this is the reference it is tested against."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.svm import LinearSVC
 
@@ -163,6 +166,7 @@ def train_rankers(
     params: RankerParams | dict | None = None,
     progress: Callable[[int, int], None] | None = None,
     threads: int = 1,
+    direct: bool = True,
 ) -> sp.csr_matrix:
     """Train one linear ranker per column of ``Y``; returns ``W`` ``(d+1) x L`` CSR float32.
 
@@ -171,7 +175,8 @@ def train_rankers(
     on the instances ``i`` with ``mask[i, cluster_of_label[l]]`` plus its own positives;
     ``None`` trains every label on all instances.  ``progress(done, total)`` is called
     after each cluster (in the calling process).  ``threads``: clusters trained in parallel (forked processes; the
-    result does not depend on it).
+    result does not depend on it).  ``direct``: solve with :func:`xmc_steps.liblinear_direct.fit_ranker`
+    (``False``: through scikit-learn's ``LinearSVC``, :func:`_fit_one`; the same weights, slower).
     """
     p = params if isinstance(params, RankerParams) else RankerParams.from_dict(params)
     X = sp.csr_matrix(X)
@@ -204,6 +209,8 @@ def train_rankers(
     groups = _groups(col, K)
     todo = [k for k in range(K) if len(groups[k])]
 
+    fit = fit_ranker if direct else _fit_one
+
     def run(k: int):
         labels = groups[k]
         Yk = Yc[:, labels]  # CSC column slice: cost bounded by these labels' positives
@@ -233,7 +240,7 @@ def train_rankers(
             else:
                 y = -np.ones(len(rows))
                 y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
-                w, b = _fit_one(Xs, y, p)
+                w, b = fit(Xs, y, p)
                 feat_b_j = feat_b
             full = np.append(w, b)
             nz = np.flatnonzero(np.abs(full) >= p.threshold) if p.threshold > 0 else np.flatnonzero(full)

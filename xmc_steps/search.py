@@ -112,9 +112,7 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
     if cand.nnz == 0:
         return out
     lens = np.diff(cand.indptr)
-    dense = np.zeros(0, dtype=np.int64)
-    if n >= 8 and Xa.nnz:
-        dense = np.flatnonzero(np.bincount(Xa.indices, minlength=Xa.shape[1]) >= dense_share * n)
+    dense = _dense_features(Xa, dense_share)
     if len(dense) >= 8:
         Xd = Xa[:, dense].toarray()                              # n x k
         Wd = sp.csr_matrix(Wc[dense, :].T)                       # m x k
@@ -154,6 +152,21 @@ def masked_product(Xa: sp.csr_matrix, Wc: sp.csc_matrix, cand: sp.csr_matrix,
         else:
             out[a:b] += _gather(Zt, local, rows)
     return out
+
+
+def _dense_features(Xa: sp.csr_matrix, dense_share: float = 0.5) -> np.ndarray:
+    """The features :func:`masked_product` scores per candidate: stored in at least ``dense_share`` of
+    the rows, for 8 rows or more (none otherwise)."""
+    n = Xa.shape[0]
+    if n >= 8 and Xa.nnz:
+        return np.flatnonzero(np.bincount(Xa.indices, minlength=Xa.shape[1]) >= dense_share * n)
+    return np.zeros(0, dtype=np.int64)
+
+
+def uses_dense_block(Xa: sp.csr_matrix) -> bool:
+    """Whether :func:`masked_product` scores ``Xa``'s rows with a dense block (8 features or more in
+    half the rows or more: the neural block of ``TF-IDF ⊕ neural``), which sums in another order."""
+    return len(_dense_features(sp.csr_matrix(Xa))) >= 8
 
 
 def _gather(Z: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -270,3 +283,149 @@ def padded_to_csr(labels: np.ndarray, vals: np.ndarray, n_labels: int) -> sp.csr
     m = sp.csr_matrix((vals[keep].astype(np.float32), labels[keep].astype(np.int32), indptr), shape=(n, n_labels))
     m.sort_indices()
     return m
+
+
+# --------------------------------------------------------------------------- linear tree search by tables
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``concat(arange(s, s + n) for s, n in zip(starts, lens))`` without a Python loop."""
+    lens = np.asarray(lens, dtype=np.int64)
+    total = int(lens.sum())
+    if len(lens) == 1:
+        return np.arange(int(starts[0]), int(starts[0]) + total, dtype=np.int64)
+    ends = np.cumsum(lens)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lens), lens) + np.arange(total, dtype=np.int64)
+
+
+def _topk_slots(row: np.ndarray, node: np.ndarray, score: np.ndarray, n: int, k: int, n_nodes: int) -> np.ndarray:
+    """Positions of each row's ``k`` best candidates (ties -> lower node id), in (row, node) order;
+    ``row`` is non-decreasing (each row's candidates together).  The ``k``-th best score of every row
+    comes from one partition of a rows x candidates block; only the candidates tied with it are sorted."""
+    cnt = np.bincount(row, minlength=n)
+    if not len(row) or cnt.max() <= k:
+        kept = np.arange(len(row))
+    else:
+        start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cnt, out=start[1:])
+        block = np.full((n, int(cnt.max())), -np.inf, dtype=np.float32)
+        block[row, np.arange(len(row)) - start[row]] = score
+        kth = -np.partition(-block, k - 1, axis=1)[:, k - 1]     # -inf where a row has fewer than k
+        thr = kth[row]
+        above = score > thr
+        tied = np.flatnonzero(score == thr)
+        if len(tied):
+            room = k - np.bincount(row[above], minlength=n)        # how many of a row's ties fit
+            tied = tied[np.lexsort((node[tied], row[tied]))]
+            tr = row[tied]
+            first = np.searchsorted(tr, tr, side="left")
+            tied = tied[(np.arange(len(tied)) - first) < room[tr]]
+        kept = np.concatenate([np.flatnonzero(above), tied])
+    return kept[np.argsort(row[kept] * np.int64(n_nodes) + node[kept], kind="stable")]
+
+
+class LinearTreeTables:
+    """A linear tree model's rankers laid out for beam search (:meth:`search`): per level, the
+    weights of each parent's children grouped by (parent, feature), so a document's beam reads only
+    the weights of its own features under its own beam nodes.
+
+    :meth:`search` gives the same bytes as :func:`beam_search` with :func:`linear_scorer` on the same
+    rows: a node's raw score is the float32 sum of ``w_kj x_k`` over the document's features ``k`` in
+    ascending order (the order of scipy's sparse product in :func:`masked_product`), then the same
+    transform, floors, top-k (ties -> lower node id) and rescaling.  Built once per model: the
+    sparse-matrix machinery per call (column slices, products, conversions) was most of a
+    one-document prediction.
+    """
+
+    def __init__(self, C: list[sp.csr_matrix], Ws: list[sp.spmatrix]):
+        self.levels = []
+        for C_t, W in zip(C, Ws):
+            C_t = sp.csr_matrix(C_t)
+            n_child, n_parent = C_t.shape
+            parent = C_t.indices.astype(np.int64)                     # parent of each child
+            # children of each parent, ascending; a child's place among its siblings
+            by_parent = np.argsort(parent, kind="stable")
+            child_ptr = np.zeros(n_parent + 1, dtype=np.int64)
+            np.cumsum(np.bincount(parent, minlength=n_parent), out=child_ptr[1:])
+            local = np.empty(n_child, dtype=np.int64)
+            local[by_parent] = np.arange(n_child) - child_ptr[parent[by_parent]]
+            Wr = sp.csr_matrix(W, dtype=np.float32)                   # features x children
+            Wr.sort_indices()
+            D = Wr.shape[0]
+            # entries ordered by (parent, feature, child): a stable sort of the CSR order by parent
+            # (a radix sort on 16-bit parent ids where they fit)
+            small = np.uint16 if n_parent <= 1 << 16 else np.int32
+            order = np.argsort(parent.astype(small)[Wr.indices], kind="stable")
+            p_o = parent.astype(np.int32)[Wr.indices[order]]
+            f_o = np.repeat(np.arange(D, dtype=np.int32), np.diff(Wr.indptr))[order]
+            if len(order):
+                starts = np.flatnonzero(np.r_[True, (p_o[1:] != p_o[:-1]) | (f_o[1:] != f_o[:-1])])
+            else:
+                starts = np.zeros(0, np.int64)
+            self.levels.append({
+                "D": D, "n_child": n_child, "child_ptr": child_ptr, "children": by_parent,
+                "keys": p_o[starts].astype(np.int64) * D + f_o[starts], "ptr": np.r_[starts, len(order)].astype(np.int64),
+                "local": local.astype(np.int32)[Wr.indices[order]], "val": Wr.data[order]})
+            del order, p_o, f_o
+
+    @staticmethod
+    def nbytes_for(Ws: list[sp.spmatrix]) -> int:
+        """Memory of the tables of rankers ``Ws`` at their largest while built: the tables (a child's
+        place and a weight per stored weight, a key and an offset per (parent, feature)) and the sort's
+        temporaries (about 20 bytes per stored weight of the level being laid out)."""
+        nnz = [int(W.nnz) for W in Ws]
+        return 24 * sum(nnz) + 20 * max(nnz, default=0)
+
+    def search(self, Xa: sp.csr_matrix, levels: int, beam: int, keep: int, kind: str) -> sp.csr_matrix:
+        """Beam search of the rows of ``Xa`` (features with the bias column, CSR float32, sorted
+        indices) down the first ``levels`` levels; the last keeps ``keep`` nodes per row, the others
+        ``beam``.  CSR ``n x n_levels``, sorted indices (:func:`beam_search`'s result)."""
+        n = Xa.shape[0]
+        fptr = Xa.indptr.astype(np.int64)
+        flen = np.diff(fptr)
+        b_row = np.arange(n, dtype=np.int64)
+        b_node = np.zeros(n, dtype=np.int64)
+        b_score = np.ones(n, dtype=np.float32)
+        for t in range(levels):
+            lv = self.levels[t]
+            k = keep if t == levels - 1 else beam
+            # candidates: each beam node's children (slots grouped by beam entry)
+            cp = lv["child_ptr"]
+            nch = cp[b_node + 1] - cp[b_node]
+            slot0 = np.zeros(len(b_node) + 1, dtype=np.int64)
+            np.cumsum(nch, out=slot0[1:])
+            s_ent = np.repeat(np.arange(len(b_node), dtype=np.int64), nch)
+            s_node = lv["children"][_ranges(cp[b_node], nch)]
+            s_row = b_row[s_ent]
+            # raw scores: for each beam entry, its row's features (ascending) looked up under its node
+            qlen = flen[b_row]
+            q_ent = np.repeat(np.arange(len(b_node), dtype=np.int64), qlen)
+            q_f = _ranges(fptr[b_row], qlen)
+            q = b_node[q_ent] * lv["D"] + Xa.indices[q_f]
+            keys = lv["keys"]
+            z = np.zeros(len(s_node), dtype=np.float32)
+            if len(keys) and len(q):
+                pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+                hit = np.flatnonzero(keys[pos] == q)
+                pos = pos[hit]
+                seg = lv["ptr"][pos + 1] - lv["ptr"][pos]
+                e = _ranges(lv["ptr"][pos], seg)
+                rep = np.repeat(hit, seg)
+                slot = slot0[q_ent[rep]] + lv["local"][e]
+                np.add.at(z, slot, lv["val"][e] * Xa.data[q_f[rep]])   # per slot in feature order
+            s = np.maximum(b_score[s_ent] * np.maximum(transform(z, kind), SCORE_FLOOR), PATH_FLOOR).astype(np.float32)
+            kept = _topk_slots(s_row, s_node, s, n, k, lv["n_child"])
+            b_row, b_node, b_score = s_row[kept], s_node[kept], s[kept]
+            # rescale rows whose best path is small (rescale_small_rows)
+            bounds = np.flatnonzero(np.concatenate(([True], b_row[1:] != b_row[:-1])))
+            mx = np.maximum.reduceat(b_score, bounds)
+            small = mx < RESCALE_BELOW
+            if small.any():
+                f = np.ones(len(mx), dtype=np.float32)
+                f[small] = 1.0 / mx[small]
+                b_score = np.maximum(b_score * np.repeat(f, np.diff(np.append(bounds, len(b_row)))),
+                                     PATH_FLOOR).astype(np.float32)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(b_row, minlength=n), out=indptr[1:])
+        n_out = self.levels[levels - 1]["n_child"] if levels else 1
+        return sp.csr_matrix((b_score, b_node.astype(np.int32), indptr), shape=(n, n_out))

@@ -129,6 +129,49 @@ class TfidfModel:
         vec.idf_ = self.idf
         return vec
 
+    @cached_property
+    def _counting(self):
+        """(analyzer, vocabulary dict) of :attr:`vectorizer`, for :meth:`transform_few`."""
+        vec = self.vectorizer
+        return vec.build_analyzer(), vec.vocabulary_
+
+    def transform_few(self, texts: list[str]) -> sp.csr_matrix:
+        """:meth:`transform_batches` of ``[texts]`` (the same bytes) without scikit-learn's per-call
+        checks: a few texts at a time, as a service or ``python -m xmc_steps.predict`` asks, where
+        those checks cost more than the counting (about 3 of 4 ms for one yso-finna-sv-50k text).
+        The same steps as ``TfidfVectorizer.transform``: n-gram counts on the vocabulary, ``1 + log``
+        of them (sublinear tf), times the idf (in float64, stored as float32), each row divided by its
+        L2 norm (squares summed in float64 in column order; rows with no term left as they are)."""
+        vec = self.vectorizer
+        if vec.binary or vec.norm not in ("l2", None) or not vec.use_idf:
+            return self.transform_batches([texts])          # settings this path does not mirror
+        analyze, vocab = self._counting
+        indptr, idx, cnt = [0], [], []
+        for doc in texts:
+            counter: dict[int, int] = {}
+            for g in analyze(doc):
+                j = vocab.get(g)
+                if j is not None:
+                    counter[j] = counter.get(j, 0) + 1
+            keys = sorted(counter)
+            idx.extend(keys)
+            cnt.extend(counter[j] for j in keys)
+            indptr.append(len(idx))
+        indices = np.asarray(idx, dtype=np.int32)
+        data = np.asarray(cnt, dtype=np.intc).astype(np.float32)
+        if vec.sublinear_tf:
+            np.log(data, data)
+            data += 1.0
+        data *= self.idf[indices]
+        if vec.norm == "l2":
+            for a, b in zip(indptr[:-1], indptr[1:]):
+                if b > a:
+                    row = data[a:b]
+                    total = float(np.cumsum(row * row, dtype=np.float64)[-1])   # in order, as scikit-learn
+                    if total != 0.0:
+                        data[a:b] = (row.astype(np.float64) / math.sqrt(total)).astype(np.float32)
+        return sp.csr_matrix((data, indices, np.asarray(indptr, dtype=np.int32)), shape=(len(texts), len(self.terms)))
+
     def transform_batches(self, batches: Iterable[list[str]]) -> sp.csr_matrix:
         vec = self.vectorizer
         parts = [sp.csr_matrix(vec.transform(b), dtype=np.float32) for b in batches]

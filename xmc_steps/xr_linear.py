@@ -19,7 +19,12 @@ final beam are ranked, ``topk`` per document.  Transforms: ``sigmoid``,
 ``l2-hinge`` = ``exp(-max(0, 1-z)^2)``, ``l3-hinge`` = ``exp(-max(0, 1-z)^3)``.
 
 The beam search and the masked sparse product are shared with the other methods
-(:mod:`xmc_steps.search`).
+(:mod:`xmc_steps.search`).  Prediction reads the rankers through
+:class:`~xmc_steps.search.LinearTreeTables` (built on the first call and kept with the model): each
+document looks up only its own features under its own beam nodes, with no sparse-matrix product per
+call, and gets the bytes :func:`~xmc_steps.search.beam_search` with
+:func:`~xmc_steps.search.linear_scorer` gives (the test compares them); rows with a dense block of
+features (8 or more stored in half the rows) keep that path, which sums them in another order.
 
 CLI::
 
@@ -51,7 +56,8 @@ from .cluster_tree import ClusterTree
 from .negatives import binarize, check_kind, combine
 from .params import Params
 from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
-from .search import PREDICT_BATCH, TRANSFORMS, beam_search, expand_children, linear_scorer, topk_per_row
+from .search import (PREDICT_BATCH, TRANSFORMS, LinearTreeTables, beam_search, expand_children, linear_scorer,
+                     topk_per_row, uses_dense_block)
 from .stage import StageError, add_common_args, cli_main, stage_run
 
 FORMAT = "xmc-xr-linear-v1"
@@ -84,6 +90,29 @@ class XRLinearParams(Params):
 
 
 
+def with_bias(X: sp.spmatrix, bias: float) -> sp.csr_matrix:
+    """:func:`~xmc_steps.ranker.append_bias` (the same matrix: float32, sorted indices, the bias
+    stored in every row even when 0) built from the arrays, without ``sp.hstack``'s cost per call."""
+    X = X if sp.isspmatrix_csr(X) and X.dtype == np.float32 else sp.csr_matrix(X, dtype=np.float32)
+    if not X.has_sorted_indices:
+        X = X.copy()
+        X.sort_indices()
+    n, d = X.shape
+    lens = np.diff(X.indptr).astype(np.int64)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens + 1, out=indptr[1:])
+    last = indptr[1:] - 1                          # each row's bias slot
+    indices = np.empty(X.nnz + n, dtype=np.int32)
+    data = np.empty(X.nnz + n, dtype=np.float32)
+    body = np.ones(X.nnz + n, dtype=bool)
+    body[last] = False
+    indices[body], data[body] = X.indices, X.data
+    indices[last], data[last] = d, np.float32(bias)
+    out = sp.csr_matrix((data, indices, indptr), shape=(n, d + 1))
+    out.has_sorted_indices = True
+    return out
+
+
 class XRLinearModel:
     """A :class:`ClusterTree` and one ranker matrix per level (``W[t]``: ``(d+1) x n_{t+1}``)."""
 
@@ -98,6 +127,15 @@ class XRLinearModel:
         # here rather than on every prediction call: at batch size 1 the conversion was most of it
         self.W = [sp.csc_matrix(w, dtype=np.float32) for w in W]
         self.params = params or XRLinearParams()
+        self._tables: LinearTreeTables | None = None
+
+    @property
+    def tables(self) -> LinearTreeTables:
+        """The rankers laid out for beam search (:class:`~xmc_steps.search.LinearTreeTables`), built on
+        first use and kept: every later call, one document or many, reads them as they are."""
+        if self._tables is None:
+            self._tables = LinearTreeTables(self.tree.C, self.W)
+        return self._tables
 
     @property
     def n_features(self) -> int:
@@ -149,15 +187,19 @@ class XRLinearModel:
                 batch_size: int = PREDICT_BATCH) -> sp.csr_matrix:
         """Beam search down the first ``levels`` levels, ``batch_size`` rows at a time; CSR with
         at most ``keep`` scores per row, sorted indices."""
-        X = sp.csr_matrix(X, dtype=np.float32)
         kind = transform or self.params.transform
-        Xa = append_bias(X, self.params.solver.bias)
-        parts = [beam_search(self.tree.C[:levels], linear_scorer(Xa[r0:r0 + batch_size], self.W, kind),
-                             min(batch_size, X.shape[0] - r0), beam, keep)
-                 for r0 in range(0, X.shape[0], batch_size)]
+        Xa = with_bias(X, self.params.solver.bias)
+        parts = []
+        for r0 in range(0, X.shape[0], batch_size):
+            Xb = Xa[r0:r0 + batch_size]
+            if uses_dense_block(Xb):
+                # features stored in most rows are scored in another order there: that path, as it was
+                parts.append(beam_search(self.tree.C[:levels], linear_scorer(Xb, self.W, kind), Xb.shape[0], beam, keep))
+            else:
+                parts.append(self.tables.search(Xb, levels, beam, keep, kind))
         if not parts:
             return sp.csr_matrix((0, self.tree.level_sizes[levels]), dtype=np.float32)
-        out = sp.vstack(parts, format="csr")
+        out = parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
         out.sort_indices()
         return out
 
@@ -219,12 +261,16 @@ def train_bytes(n: int, nnz: int, tree: ClusterTree, p: XRLinearParams) -> int:
     return resources.csr_bytes(n, nnz + n) + 2 * resources.csr_bytes(n, cand)
 
 
-def predict_bytes(n: int, tree: ClusterTree, beam: int, keep: int, batch_size: int = PREDICT_BATCH) -> int:
+def predict_bytes(n: int, tree: ClusterTree, beam: int, keep: int, batch_size: int = PREDICT_BATCH,
+                  W: list[sp.spmatrix] | None = None) -> int:
     """Memory of :meth:`XRLinearModel._search` over ``n`` documents: the kept ``n x keep`` scores (the
-    batches' parts and their stack) and one batch's candidates at the widest level (candidates,
-    scores and transformed scores)."""
+    batches' parts and their stack), one batch's candidates at the widest level (candidates,
+    scores and transformed scores) and, given the weights ``W``, the search tables built from them
+    (:meth:`~xmc_steps.search.LinearTreeTables.nbytes_for`)."""
     rows = min(n, batch_size)
-    return 2 * resources.csr_bytes(n, float(n) * keep) + 3 * resources.csr_bytes(rows, float(rows) * beam * max_children(tree))
+    tables = LinearTreeTables.nbytes_for(W) if W is not None else 0
+    return (2 * resources.csr_bytes(n, float(n) * keep) + 3 * resources.csr_bytes(rows, float(rows) * beam * max_children(tree))
+            + tables)
 
 
 def _stack(paths: list[str]) -> sp.csr_matrix:
@@ -284,7 +330,7 @@ def _predict_cli(args) -> None:
         cfg["transform"] = cfg["transform"] or model.params.transform
         st.params.update(cfg)
         resources.check_memory(f"xr-linear predictions of {X.shape[0]:,} documents",
-                               predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), int(cfg["topk"])),
+                               predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), int(cfg["topk"]), W=model.W),
                                "xr_linear.topk (predictions kept per document) or xr_linear.beam", st.log)
         t0 = time.perf_counter()
         with st.timed("predict"):
@@ -317,7 +363,7 @@ def _clusters_cli(args) -> None:
                 raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
             keep = max(int(cfg["beam"]), int(cfg["keep"] or cfg["beam"]))
             resources.check_memory(f"{f}: the top-{keep} clusters of {X.shape[0]:,} documents",
-                                   predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), keep),
+                                   predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), keep, W=model.W),
                                    "xtransformer.matcher.topb (clusters kept per document)", st.log)
             t0 = time.perf_counter()
             with st.timed("predict"):
