@@ -168,6 +168,10 @@ def test_partition_start_keeps_stage1s_clusters_at_the_given_mass():
     assert index1.tolist() == [[0], [2]] and (value1 == 0).all()
     with pytest.raises(ValueError, match="mass"):
         elias.partition_start(eq10, stage1, mass=1.0)
+    # mass None (the default): the same rows, every candidate at the same start
+    index0, value0 = elias.partition_start(eq10, stage1)
+    assert index0.tolist() == index.tolist() and (value0 == 0).all()
+    assert elias.EliasParams().a_init == "partition" and elias.EliasParams().a_init_mass is None
 
 
 def test_adjacency_from_assignment_is_the_partition():

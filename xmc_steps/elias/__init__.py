@@ -70,16 +70,15 @@ Staged training (§3.4) and the hyper-parameters
   values ``random(0, 1)`` from ``numpy.random.default_rng(seed)``.  Computed sparse, in
   blocks of cluster rows whose ``M^T Y`` product is bounded (``max_products``), so the
   memory is bounded at ``C = 5000``, ``L = 500k``.
-* ``stage2.a_init: partition`` (ours; :func:`.model.partition_start`): each row of ``A`` holds stage
-  1's labels of that cluster first, then Eq. 10's best other candidates up to ``kappa``; the values
-  give stage 1's labels ``a_init_mass`` (0.9) of the row's softmax, so their edges start near 0.9
-  (stage 1's were 1) and the other candidates near ``0.1 beta / (kappa - m)``.  Two things it fixes
-  that Eq. 10 cannot see: every label keeps a row (Eq. 10's per-row top-``kappa`` of ``M^T Y`` is
-  taken by the frequent labels when the beam holds most clusters: on reuters21578/modapte-all5, b = C
-  = 64, 157 of 368 labels were in no row of ``A``, so never predicted, 116 of them with training
-  documents), and stage 2 starts at stage
-  1's index instead of a uniform spread over ``kappa = 10 L / C`` candidates.  ``random`` (Eq. 10)
-  stays the default until the 18,056-label validation run decides ("Choosing the defaults").
+* ``stage2.a_init: partition`` (ours, the default; :func:`.model.partition_start`): each row of ``A``
+  holds stage 1's labels of that cluster first, then Eq. 10's best other candidates up to
+  ``kappa``; all values start equal (``a_init_mass: null``: a uniform row, edges ``beta / kappa``
+  about 0.1, as Eq. 10's random(0, 1) values give on average), or give stage 1's labels the share
+  ``a_init_mass`` of the row's softmax.  What it fixes: Eq. 10's per-row top-``kappa`` of
+  ``M^T Y`` is taken by the frequent labels, and the labels in no row can never be predicted
+  (reuters21578/modapte-all5: 157 of 368, 116 of them with training documents, at b = C = 64;
+  yso-finna-sv-50k: 8,053 of 18,056 at b = 52 of 256).  ``random`` is Eq. 10 as written
+  (config.paper.yaml).  Chosen on validation ("Choosing the defaults").
 * Stage 2 initialises ``phi``, ``Wc``, ``wl`` (and ``wl_bias`` when both stages have
   it) from stage 1 ("the rest of the stage 1 model") and trains everything with ``A``.
 * AdamW (the :class:`xmc_steps.trainer.Trainer`) with three learning rates: ``lr_encoder``
@@ -223,6 +222,49 @@ yso-finna-sv-50k  random     1e-2    0.1072  0.1193      0.2160
   0.9887 and stays flat) and ended 0.0035 below stage 1 on debtags (its margin not measured): on small
   label spaces Eq. 10's random edge values over ``kappa = 10 L / C`` candidates undo the partition,
   and two epochs at ``lr_A`` 5e-3 do not win it back.  Test rows (with ``allow_weak``): the README.
+
+Stage 2's start, ``a_init`` (valid shortlist recall at the guard's width, stage 2 at step 0 from
+the same stage-1 model; 2 CPU cores).  reuters21578/modapte-all5 (368 labels, C 64, b 64, kappa 58,
+w 184; the trained stage 1, 0.9937 on its own) and yso-finna-sv-50k (18,056 labels, C 256, b 52,
+kappa 706, w 1,806; stage 1 from its CPU run's checkpoint at step 249 of 2,813, 0.3412 on its own,
+2,000 valid documents: a stage 1 trained to the end needs the GPU), P@1 beside, labels in no row of
+``A`` last:
+
+=========================================  ===============  ===================  ======
+``a_init`` (``a_init_mass``)                reuters-all5     yso-finna-sv-50k     no row
+=========================================  ===============  ===================  ======
+random (Eq. 10, the paper)                  0.9887 / 0.942   0.4371 / 0.017       157 / 8,053
+partition, Eq. 10's random(0, 1) values     0.9950 / 0.952   0.4251 / 0.020       0
+partition, uniform (null: the default)      0.9950 / 0.968   0.4815 / 0.027       0
+partition, 0.05 / 0.1 / 0.2                 0.9938 / 0.9950  0.4693 / 0.4823      0
+                                            / 0.9953         / 0.3431
+partition, 0.3 / 0.5 / 0.9                  0.9949 / - /     - / 0.3423 /         0
+                                            0.9934           0.3423
+=========================================  ===============  ===================  ======
+
+Trained (reuters-all5, two epochs, the whole valid split at the end; the guard's verdict): random
+0.9885, flat from its first evaluation, fails against stage 1's 0.9937; partition 0.9 0.9946 and
+uniform 0.9953 pass (the tree's index: 0.9944).  Uniform is the default: the highest or within 0.0003 of it
+on both sets at the start, where a share of 0.2 or more on stage 1's labels keeps yso-finna-sv-50k
+at stage 1's recall (the rows' other candidates, which add the recall, then rank below every label of
+the beam's clusters).  Eq. 10's random values lose 0.056 of that on yso against equal values.  Not yet
+measured: the trained stage 2 on yso-finna-sv-50k from each start (``bench/gpu_elias_choices.sh``:
+the ``-partition`` alias there is this default, the ``-weak`` one now too; a GPU run decides whether
+the start's lead holds after training).
+
+``wl_decay`` and ``wl_update_every``: on reuters-all5 and debtags stage 1's beam holds every cluster
+(b = C) or most (45 of 64), so every step's shortlists touch every row of ``W_L``: ``touched`` and
+``all`` decay the same rows and only a larger label space can tell them apart (``-wlall`` in
+``bench/gpu_elias_choices.sh``; ``touched`` stays the default as the reading closer to the paper's
+10-step update).  ``wl_update_every: 10`` on reuters-all5 (stage 2, Eq. 10's start, stopped at step
+308 of 438 for the CPU): valid recall 0.9885 at every evaluation, as with every step (0.9885), P@1
+0.87-0.91 against 0.89-0.91.  Its reason is speed (``bench/bench_elias_wl_update.py``).
+
+``predict.K`` (``bench/elias_predict_sizes.py``, reuters-all5 stage 2 (Eq. 10's start), valid
+split): K 100 / 200 (as trained) / 368: P@1 90.87, P@3 66.45, P@5 43.52 at all three; R@100 98.55 /
+98.67 / 98.67.  So ``predict.K: null`` (as trained): a wider shortlist changes nothing that the
+top 100 shows, a narrower one loses recall; ``bench/gpu_elias_choices.sh`` writes the same table
+for debtags and yso-finna-sv-50k.
 
 The guard (:mod:`.guard`)
 -------------------------

@@ -314,34 +314,35 @@ def init_adjacency(M: sp.spmatrix, Y: sp.spmatrix, kappa: int, seed: int = 0,
     return index, value
 
 
-def partition_start(index: np.ndarray, stage1_index: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
-    """``a_init: partition`` (ours): stage 2's ``A`` from Eq. 9's candidates that starts where stage 1 ended.
+def partition_start(index: np.ndarray, stage1_index: np.ndarray, mass: float | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``a_init: partition`` (ours, the default): stage 2's ``A`` on Eq. 9's candidates, every label
+    in its stage-1 cluster's row.
 
     Row ``c`` holds stage 1's labels of cluster ``c`` first, then Eq. 10's top-``kappa`` candidates
-    of ``A' = M^T Y`` (``index``, best first) that are not among them, up to ``kappa``.  The values
-    are 0 for stage 1's labels and ``-t`` for the others, with ``t`` such that stage 1's labels
-    hold the fraction ``mass`` of the row's softmax: with Eq. 5's ``beta = L / C`` the edges of a
-    cluster's own labels start near ``mass`` (stage 1's were exactly 1) and the other candidates
-    near ``(1 - mass) beta / (kappa - m)``, where the paper's ``random(0, 1)`` values start every
-    candidate at about ``beta / kappa = 0.1`` and so discard stage 1's partition (on
-    reuters21578/modapte-all5, 368 labels, the valid shortlist recall then never came back to
-    stage 1's).  ``A`` stays learnable over all ``kappa`` candidates."""
+    of ``A' = M^T Y`` (``index``, best first) that are not among them, up to ``kappa``.  ``mass``
+    None: every value 0 (a uniform row: each edge starts at ``beta / kappa``, about 0.1).  A
+    number: 0 for stage 1's labels and ``-t`` for the others, with ``t`` such that stage 1's
+    labels hold the share ``mass`` of the row's softmax (their edges near ``mass``, the others near
+    ``(1 - mass) beta / (kappa - m)``).  Eq. 10's own rows can leave a label in no row at all (the
+    frequent labels fill every row's top-``kappa``), and such a label is never predicted; here none
+    is.  The measurements behind the default are the package docstring's "Choosing the defaults"."""
     index = np.asarray(index, dtype=np.int64)
     own = np.asarray(stage1_index, dtype=np.int64)
     C, kappa = index.shape
     if own.shape[0] != C:
         raise ValueError(f"stage 1's A has {own.shape[0]} rows, stage 2's {C}")
-    if not 0.0 < mass < 1.0:
+    if mass is not None and not 0.0 < mass < 1.0:
         raise ValueError(f"mass must be in (0, 1), got {mass}")
-    out = np.full((C, kappa), -1, dtype=np.int64)
     value = np.zeros((C, kappa), dtype=np.float32)
+    out = np.full((C, kappa), -1, dtype=np.int64)
     for c in range(C):
         mine = own[c][own[c] >= 0][:kappa]
         rest = index[c][index[c] >= 0]
         rest = rest[~np.isin(rest, mine)][: kappa - len(mine)]
         m, r = len(mine), len(rest)
         out[c, :m], out[c, m:m + r] = mine, rest
-        if m and r:
+        if mass is not None and m and r:
             value[c, m:m + r] = math.log(m * (1.0 - mass) / (mass * r))
     return out, value
 

@@ -73,9 +73,9 @@ class EliasParams(Params):
     head_init_scale: float = 4.0    # the fit's targets are +-scale (logits of about +-scale)
     head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
                                     # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
-    a_init: str = "random"          # stage 2's A values: random (Eq. 10, the paper) | partition (stage 1's clusters'
-                                    # labels first, holding a_init_mass of each row's softmax; ours)
-    a_init_mass: float = 0.9
+    a_init: str = "partition"       # stage 2's A: partition (each row: stage 1's labels of the cluster, then Eq. 10's
+                                    # candidates; ours) | random (Eq. 10's candidates, random(0, 1) values: the paper)
+    a_init_mass: float | None = None  # partition: the share of each row's softmax on stage 1's labels (None: a uniform row)
     allow_weak: bool = False        # true: a stage below the guard's baselines only warns
     lambda_: float | None = None    # None: 0 (stage 1), 0.05 (stage 2)
     eps: float = 1e-6
@@ -125,7 +125,7 @@ class EliasParams(Params):
             raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
         if self.a_init not in A_INITS:
             raise ValueError(f"a_init must be one of {', '.join(A_INITS)}, got {self.a_init!r}")
-        if not 0.0 < self.a_init_mass < 1.0:
+        if self.a_init_mass is not None and not 0.0 < self.a_init_mass < 1.0:
             raise ValueError(f"a_init_mass must be in (0, 1), got {self.a_init_mass}")
         for f in ("coverage", "head_init_scale"):
             if not getattr(self, f) > 0:
