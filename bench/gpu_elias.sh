@@ -34,16 +34,7 @@ TARGETS="$TARGETS results/$Y-random/elias-stage1.json results/debtags-random/eli
 source bench/gpu_dag.sh
 
 SECONDS=0
-if [ "${DRY:-0}" = 1 ]; then
-  python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
-  exit 0
-fi
-source .gpu/setup.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
+prepare
 start_dag
 wait_dag "snakemake.*elias"
-# every stage's guard and curve, the stage records (times, memory, rates) and the logs
-tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json logs \
-  $(find results -path "*elias*" \( -name "guard.json" -o -name "curve.png" -o -name "*record.json" -o -name "elias.json" \) \
-    | grep -v checkpoints) 2>/dev/null
-ls -la "$OUT"
+pack_elias

@@ -39,12 +39,7 @@ TARGETS="$TARGETS results/$Y-wlall/elias-stage2.json results/$Y-k10/elias-stage2
 source bench/gpu_dag.sh
 
 SECONDS=0
-if [ "${DRY:-0}" = 1 ]; then
-  python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
-  exit 0
-fi
-source .gpu/setup.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
+prepare
 start_dag
 wait_dag "snakemake.*elias"
 # elias.predict.K on validation: every stage-2 model that finished, at K from half the trained one to 4x
@@ -58,7 +53,4 @@ for m in results/*/elias/*/*/stage2; do
     --labels "results/$d/ingest/Y_valid.npz" --K $((K / 2)) "$K" $((K * 2)) $((K * 4)) 2>>"$W/predict_sizes.err" \
     | tee -a "$W/predict_sizes.txt"
 done
-tar -czf "$OUT/gpu.tgz" "$W" results/*/*.json logs \
-  $(find results -path "*elias*" \( -name "guard.json" -o -name "curve.png" -o -name "*record.json" -o -name "elias.json" \) \
-    | grep -v checkpoints) 2>/dev/null
-ls -la "$OUT"
+pack_elias

@@ -38,12 +38,7 @@ for m in lightxml lightxml-static; do TARGETS="$TARGETS results/debtags-clustere
 source bench/gpu_dag.sh
 
 SECONDS=0
-if [ "${DRY:-0}" = 1 ]; then
-  python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
-  exit 0
-fi
-source .gpu/setup.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/device.txt"
+prepare
 start_dag
 # the throughput of the pieces on synthetic data, beside the DAG's first (CPU) stages
 timeout 150 python3 bench/bench_neural.py --mode figures --device cuda --steps 20 --batch-size 16 > "$W/bench_neural.txt" 2>&1

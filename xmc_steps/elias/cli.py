@@ -39,7 +39,7 @@ from ..curves import CurveLog, plot_curve
 from ..trainer import digest, list_checkpoints
 from .guard import check_stage, guard_width, index_candidates
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights, init_adjacency,
-                    linear_start, load_elias, partition_start, predict, shortlist_metrics, stage1_partition)
+                    linear_start, load_elias, partition_start, predict, shortlist_metrics)
 from .params import EliasParams
 from .train import train_elias
 
@@ -173,10 +173,10 @@ def _train_main(args: argparse.Namespace) -> None:
             else:
                 with st.timed("init_adjacency"):
                     index, value = init_adjacency(M_train, Y_train, params.kappa, params.train.seed)
-                    if params.a_init == "partition":
-                        index, value = partition_start(index, stage1_partition(Path(args.init)), params.a_init_mass)
                 model = build_model(params, C, L, params.kappa, fixed_edges=False, pretrained=False)
-                copy_stage1_weights(model, Path(args.init))
+                stage1_index = copy_stage1_weights(model, Path(args.init))
+                if params.a_init == "partition":
+                    index, value = partition_start(index, stage1_index, params.a_init_mass)
                 model.set_adjacency(index, value)
                 extra_fp["init"] = digest(np.frombuffer(
                     (Path(args.init) / "elias.json").read_bytes(), dtype=np.uint8))

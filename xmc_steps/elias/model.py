@@ -479,17 +479,9 @@ def load_elias(folder: str | os.PathLike, device: str | torch.device = "cpu") ->
     return load_trained(folder, "elias.json", FORMAT, build, device)
 
 
-def stage1_partition(folder: Path) -> np.ndarray:
-    """Stage 1's ``A_index`` (its clusters' labels) from the stage-1 model in ``folder``."""
-    from safetensors import safe_open
-
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        if "A_index" not in f.keys():
-            raise StageError(f"{folder}/model.safetensors has no A_index")
-        return f.get_tensor("A_index").numpy()
-
-
-def copy_stage1_weights(model: EliasModel, folder: Path) -> None:
+def copy_stage1_weights(model: EliasModel, folder: Path) -> np.ndarray:
+    """Stage 1's encoder, ``W_C`` and ``W_L`` into ``model``; returns stage 1's ``A_index`` (its
+    clusters' labels, for ``a_init: partition``)."""
     from safetensors.torch import load_file
 
     sd = load_file(str(folder / "model.safetensors"))
@@ -504,3 +496,6 @@ def copy_stage1_weights(model: EliasModel, folder: Path) -> None:
     if missing:
         raise StageError(f"stage-1 model lacks encoder weights, e.g. {missing[0]}")
     model.load_state_dict({k: v for k, v in take.items() if k in own}, strict=False)
+    if "A_index" not in sd:
+        raise StageError(f"{folder}/model.safetensors has no A_index")
+    return sd["A_index"].numpy()
