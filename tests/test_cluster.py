@@ -9,7 +9,7 @@ from xmc_steps.cluster import main as cluster_main
 from xmc_steps.cluster_tree import ClusterTree, balanced_2means, hierarchical_kmeans, tree_levels
 from xmc_steps.label_embedding import l2_normalize_rows, pifa
 from xmc_steps.label_embedding import main as emb_main
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 
 def _random_emb(L, d=50, density=0.2, seed=0):

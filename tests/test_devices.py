@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xmc_steps.devices import require_device
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from xmc_steps import evaluate as ev
 from xmc_steps import io
 from xmc_steps import metrics as xm
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "results.schema.json"

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from xmc_steps import io
 from xmc_steps.label_embedding import main, pifa
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 
 def _labels_table(path, texts):

@@ -258,7 +258,7 @@ def test_candidates_matcher_needs_a_matcher_that_beats_the_baselines_alone(tmp_p
     import logging
 
     from xmc_steps import io
-    from xmc_steps.stage import StageError
+    from xmc_steps.errors import StageError
     from xmc_steps.xtransformer import check_guard
 
     K, b = 8, 2

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from xmc_steps import prepare_debtags as pd
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"
 # the index the reference copy was built from (its README): Debian 12.15, InRelease of 2026-07-11

@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from xmc_steps import config, io  # noqa: E402
 from xmc_steps.datasets import locate  # noqa: E402
 from xmc_steps.ingest import ingest, parse_bow, parse_raw_split, read_label_index, read_lines  # noqa: E402
-from xmc_steps.stage import StageError  # noqa: E402
+from xmc_steps.errors import StageError  # noqa: E402
 
 SETTINGS = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "x")
 TRIED: Counter = Counter()

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from xmc_steps import cluster, io, label_embedding, resources, xr_linear
 from xmc_steps.cluster_tree import hierarchical_kmeans
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 
 
 @pytest.fixture

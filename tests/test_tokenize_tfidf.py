@@ -8,7 +8,7 @@ import pytest
 from conftest import write_raw_dataset
 from xmc_steps import config, encoders, io
 from xmc_steps.ingest import main as ingest_main
-from xmc_steps.stage import StageError
+from xmc_steps.errors import StageError
 from xmc_steps.tfidf import main as tfidf_main
 from xmc_steps.tokenize import main as tokenize_main
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from .layout import split_method
-from .stage import StageError
+from .errors import StageError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.json"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .stage import StageError
+from .errors import StageError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from .stage import StageError
+from .errors import StageError
 
 __all__ = ["require_device", "describe_visible_devices"]
 

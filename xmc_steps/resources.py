@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stage import StageError
+from .errors import StageError
 
 __all__ = ["available_memory", "check_memory", "dense_bytes", "csr_bytes", "human_bytes", "adam_state_bytes"]
 

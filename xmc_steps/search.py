@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import io
-from .stage import StageError
+from .errors import StageError
 
 TRANSFORMS = ("sigmoid", "l2-hinge", "l3-hinge", "identity")
 

@@ -47,10 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import io, proc
-
-
-class StageError(Exception):
-    """A user-facing error: bad input or configuration.  Printed without a traceback."""
+from .errors import StageError  # noqa: F401  (stages import it from here too)
 
 
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from ..linear_start import least_squares_head
 from ..negatives import binarize
 from ..neural_stage import load_trained
 from ..search import padded_to_csr
-from ..stage import StageError
+from ..errors import StageError
 from .params import EliasParams
 
 FORMAT = "xmc-elias-v1"

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from .. import encoders, io, neural
 from ..neural_stage import stage_params
 from ..lightxml.cli import add_train_args, run_train
-from ..stage import StageError
+from ..errors import StageError
 from .loss import GuideNetwork
 from .params import GUDNParams
 
