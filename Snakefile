@@ -11,11 +11,9 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/index.smk"
-include: "workflow/rules/linear.smk"
-include: "workflow/rules/xtransformer.smk"
-include: "workflow/rules/elias.smk"
-include: "workflow/rules/lightxml.smk"
-include: "workflow/rules/gudn.smk"
+# each registered method's rule file (xmc_steps.registry), in registration order
+for _rules in xreg.rule_files():
+    include: f"workflow/rules/{_rules}"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/predict.smk"
 

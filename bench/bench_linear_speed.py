@@ -13,9 +13,9 @@ test rows to predict), with one thread, for each code (the working tree's ``xmc_
 * ``batched_ms_per_doc``: beam 10, top 100 over the ``--docs`` rows at the default batch of 256 (the
   trained model in memory; ``first_call_s`` is the first call, which builds the search tables);
 * ``one_doc_ms_per_doc``: the same model called once per document on ``--docs-one`` rows;
-* ``service_ms_per_doc``: :func:`xmc_steps.predict.predict_scores` for one text at a time (TF-IDF of the
+* ``service_ms_per_doc``: :func:`xmc_steps.serving.predict_scores` for one text at a time (TF-IDF of the
   raw text, xr-linear, top 10) with the DAG's trained target ``results/<d>/xr-linear``, the case of
-  ``python -m xmc_steps.predict`` and of a service answering one request at a time;
+  ``python -m xmc_steps.stages.predict`` and of a service answering one request at a time;
 * ``same_weights`` / ``same_predictions``: whether the code's weights and predictions are the first
   code's, byte for byte.
 
@@ -95,7 +95,10 @@ def run_code(pkg: str, root: Path, a, ref: dict) -> dict:
         out["same_predictions"] = _same(P, ref["P"]) and all(_same(p, q) for p, q in zip(P1, ref["P1"]))
     else:
         ref["P"], ref["P1"] = P, P1
-    xp = importlib.import_module(f"{pkg}.predict")
+    try:                                   # the serving library (before the stages folder: its predict module)
+        xp = importlib.import_module(f"{pkg}.serving")
+    except ImportError:
+        xp = importlib.import_module(f"{pkg}.predict")
     target_dir = root.parent / root.name / "xr-linear"
     texts_file = Path(a.texts) if a.texts else None
     if (root / "config" / "xr-linear.json").exists() and texts_file and texts_file.exists():

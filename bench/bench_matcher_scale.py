@@ -2,7 +2,7 @@
 
 For each leaf size (hence each number of clusters K of a balanced tree over the PIFA label
 embedding) and each matcher configuration, trains the matcher stage's own
-:func:`xmc_steps.matcher.train_matcher` on the train split and prints the valid cluster
+:func:`xmc_steps.xtransformer.train_matcher` on the train split and prints the valid cluster
 recall@b curve next to the guard's two trivial baselines (the most frequent clusters and
 the linear tree's beam over the same clusters, XR-Linear fit on train):
 
@@ -34,7 +34,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xmc_steps import io, matcher, neural  # noqa: E402
+from xmc_steps import io, neural  # noqa: E402
+from xmc_steps import xtransformer as xt  # noqa: E402
 from xmc_steps.cluster_tree import hierarchical_kmeans  # noqa: E402
 from xmc_steps.xr_linear import XRLinearModel, XRLinearParams  # noqa: E402
 
@@ -46,7 +47,7 @@ BEFORE = {"steps": 600, "warmup_steps": 60, "lr": 1e-4, "lr_head": 1e-3, "head_i
 def configs(names: list[str], overrides: dict) -> dict[str, dict]:
     cfg = dict(yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["xtransformer"]["matcher"])
     cfg.update(cfg.pop("train", {}))        # flat here; MatcherParams.upgrade nests the training keys again
-    keep = set(matcher.MatcherParams.__dataclass_fields__) | set(matcher.TRAIN_MOVED)
+    keep = set(xt.MatcherParams.__dataclass_fields__) | set(xt.TRAIN_MOVED)
     defaults = {k: v for k, v in cfg.items() if k in keep and k not in ("checkpoint_every", "eval_every", "device",
                                                                          "allow_cpu_fallback", "allow_weak")}
     table = {"before": {**defaults, **BEFORE, "epochs": 1.0},
@@ -110,7 +111,7 @@ def main() -> None:
         tree = hierarchical_kmeans(emb, 16, leaf, 0, 20, threads=2)
         C = tree.label_to_cluster(-1)
         K = C.shape[1]
-        M = {s: matcher.cluster_targets(Y[s], C) for s in Y}
+        M = {s: xt.cluster_targets(Y[s], C) for s in Y}
         t0 = time.perf_counter()
         topb = max(c["topb"] for c in cfgs.values())
         cache = Path(args.baseline_cache) / f"linear_valid_l{leaf}.npz" if args.baseline_cache else None
@@ -123,12 +124,12 @@ def main() -> None:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 io.save_csr(cache, lin_valid)
         if args.baselines_only:
-            print(f"K = {K}: linear tree recall@10 {matcher.cluster_recall(lin_valid, M['valid']):.4f}", flush=True)
+            print(f"K = {K}: linear tree recall@10 {xt.cluster_recall(lin_valid, M['valid']):.4f}", flush=True)
             continue
         print(f"## K = {K} (leaf size {leaf}, tree {tree.level_sizes}); linear tree's valid beam in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         for name, c in cfgs.items():
-            p = matcher.MatcherParams.from_dict(matcher.MatcherParams.upgrade(
+            p = xt.MatcherParams.from_dict(xt.MatcherParams.upgrade(
                 {**c, "encoder": args.encoder, "device": str(device), "eval_max_docs": args.eval_docs,
                  "checkpoint_every": 0, "log_every": 50}))
             steps = p.train.resolved(len(tok["train"])).steps
@@ -140,13 +141,13 @@ def main() -> None:
                     curve[step] = round(float(logs["valid_cluster_recall_at_b"]), 4)
 
             t0 = time.perf_counter()
-            model, trainer = matcher.train_matcher(tok["train"], M["train"], p, None, on_step=on_step,
-                                                   valid=(tok["valid"], M["valid"]))
+            model, trainer = xt.train_matcher(tok["train"], M["train"], p, None, on_step=on_step,
+                                              valid=(tok["valid"], M["valid"]))
             wall = time.perf_counter() - t0
             embs = {s: neural.embed(model.encoder, tok[s], p.eval_batch_size, device, p.amp, progress=None)
                     for s in ("train", "valid")}
-            g, head = matcher.finish_matcher(model, embs["train"], M["train"], embs["valid"], M["valid"], p, device,
-                                             lin_valid)
+            g, head = xt.finish_matcher(model, embs["train"], M["train"], embs["valid"], M["valid"], p, device,
+                                        lin_valid)
             run = {"K": K, "leaf_size": leaf, "config": name, "params": {k: c[k] for k in sorted(c)}, "steps": steps,
                    "epochs": steps * p.train.batch_size * p.train.grad_accum / len(tok["train"]), "train_s": round(wall, 1),
                    "seq_per_s": round(trainer.throughput, 1), "curve": curve, "head": head, **g.to_dict()}

@@ -51,7 +51,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xmc_steps import elias, gudn, lightxml, matcher, neural  # noqa: E402
+from xmc_steps import elias, gudn, lightxml, neural  # noqa: E402
+from xmc_steps.xtransformer import MatcherParams, matcher  # noqa: E402
 
 
 def synthetic(n: int, length: int, L: int, seed: int = 0):
@@ -370,8 +371,8 @@ def build_setups(args, device: torch.device, encoder: str, which: list[str], pro
         assign = np.arange(L) % C
         M = sp.csr_matrix((np.ones(L, np.float32), (np.arange(L), assign)), shape=(L, C))
         T = matcher.cluster_targets(Y, M)
-        params = matcher.MatcherParams(encoder=encoder, head_init="random", head_refit=False, eval_every=0,
-                                       train=tp(lr=1e-4, length_bucket=50), **common)
+        params = MatcherParams(encoder=encoder, head_init="random", head_refit=False, eval_every=0,
+                               train=tp(lr=1e-4, length_bucket=50), **common)
         box = {}
 
         def train(steps_unused=None):
@@ -441,8 +442,8 @@ def build_setups(args, device: torch.device, encoder: str, which: list[str], pro
             m = build_model(params, L, cluster_of, K)
             m.candidates = _time_in(prof_box, "forward_backward", "negatives", m.candidates)
             box["model"] = m
-            return train_lightxml(m, tokens, Y, params, None, guide=GuideNetwork(gp) if gudn_too else None,
-                                  label_tokens=label_tokens)
+            return train_lightxml(m, tokens, Y, params, None,
+                                  guide=GuideNetwork(gp, label_tokens) if gudn_too else None)
 
         def bare_loss(b):
             m = box["model"]

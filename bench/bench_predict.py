@@ -57,7 +57,18 @@ def _package_at(rev: str) -> str:
     return name
 
 
-def _ranker_inputs(root: Path, n: int, xtransformer):
+def _xt_ranker_of(pkg: str):
+    """The X-Transformer rankers' module of package ``pkg``: ``xtransformer.ranker``, or the
+    ``xtransformer`` module of a revision from before the ``xtransformer`` package."""
+    try:
+        return importlib.import_module(f"{pkg}.xtransformer.ranker")
+    except ModuleNotFoundError as e:
+        if e.name != f"{pkg}.xtransformer.ranker":
+            raise
+        return importlib.import_module(f"{pkg}.xtransformer")
+
+
+def _ranker_inputs(root: Path, n: int, xt_ranker):
     """The first X-Transformer ranker of the dataset and what it scores on the first ``n`` test
     documents: (folder, matcher folder, W, C, params, embeddings, matcher clusters, linear clusters)."""
     from xmc_steps import io
@@ -68,14 +79,14 @@ def _ranker_inputs(root: Path, n: int, xtransformer):
     rdir = rankers[0]
     mdir = rdir.parents[1] / "matcher"
     lin_test = next(rdir.parents[2].glob("linear-train+valid/clusters_test.npz"), None)
-    W, C, p, _ = xtransformer.load(rdir)
+    W, C, p, _ = xt_ranker.load(rdir)
     emb = io.load_arrays(mdir / "emb_test.npz")["emb"][:n]
     G0 = io.load_csr(mdir / "clusters_test.npz")[:n]
     L0 = io.load_csr(lin_test)[:n] if lin_test is not None and p.candidates != "matcher" else None
     return rdir, mdir, W, C, p, emb, G0, L0
 
 
-def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
+def _batched_jobs(root: Path, n: int, xr_linear, xt_ranker):
     """(name, fn(start, stop)) for each trained model of the dataset: fn predicts rows start:stop."""
     from xmc_steps import io, neural
 
@@ -91,18 +102,19 @@ def _batched_jobs(root: Path, n: int, xr_linear, xtransformer):
         om = omikuji.Model.load(str(root / "parabel" / "model" / "omikuji"))
         L = io.read_table(root / "ingest" / "labels.parquet", ["label_id"]).num_rows
         yield "parabel", lambda i, j: parabel.predict(om, X[i:j], topk=100, beam=10, n_labels=L)
-    inputs = _ranker_inputs(root, n, xtransformer)
+    inputs = _ranker_inputs(root, n, xt_ranker)
     if inputs:
-        from xmc_steps import matcher, ranker, search
+        from xmc_steps import ranker, search
+        from xmc_steps.xtransformer import matcher
 
         rdir, mdir, W, C, p, emb, G0, L0 = inputs
-        head = xtransformer.load_head(mdir / "model.safetensors")
+        head = xt_ranker.load_head(mdir / "model.safetensors")
 
         def rank(i, j):
-            cand = xtransformer.candidate_clusters(G0[i:j], None if L0 is None else L0[i:j], p.candidates, p.topb)
+            cand = xt_ranker.candidate_clusters(G0[i:j], None if L0 is None else L0[i:j], p.candidates, p.topb)
             G = search.matcher_scores(cand, emb[i:j], head)
-            return xtransformer.predict(ranker.ranker_features(X[i:j], emb[i:j], p.ranker_input, p.neural_weight),
-                                        W, C, G, p)
+            return xt_ranker.predict(ranker.ranker_features(X[i:j], emb[i:j], p.ranker_input, p.neural_weight),
+                                     W, C, G, p)
         yield f"xtransformer rankers ({rdir.parent.name})", rank
         tok = next(root.glob("features/tokens/*/tokens_test.npz"), None)
         if tok is not None:
@@ -206,7 +218,8 @@ def main() -> None:
     import numpy as np
     import scipy.sparse as sp
 
-    from xmc_steps import io, ranker, search, xr_linear, xtransformer
+    from xmc_steps import io, ranker, search, xr_linear
+    from xmc_steps.xtransformer import ranker as xt_ranker
 
     codes = {"current": "xmc_steps"}
     if a.baseline:
@@ -221,16 +234,16 @@ def main() -> None:
             model = importlib.import_module(f"{pkg}.xr_linear").XRLinearModel.load(lin_dir)
             return model.predict(X, beam=10, topk=100)
         jobs.append(("xr-linear", X.shape[0], lin))
-    inputs = _ranker_inputs(root, a.docs, xtransformer)
+    inputs = _ranker_inputs(root, a.docs, xt_ranker)
     if inputs:
         rdir, mdir, W, C, p, emb, G0, L0 = inputs
         X = io.load_csr(root / "features" / "tfidf" / "X_test.npz")[: a.docs]
-        cand = xtransformer.candidate_clusters(G0, L0, p.candidates, p.topb)
-        G = search.matcher_scores(cand, emb, xtransformer.load_head(mdir / "model.safetensors"))
+        cand = xt_ranker.candidate_clusters(G0, L0, p.candidates, p.topb)
+        G = search.matcher_scores(cand, emb, xt_ranker.load_head(mdir / "model.safetensors"))
         Xr = ranker.ranker_features(X, emb, p.ranker_input, p.neural_weight)
 
         def rank(pkg):
-            return importlib.import_module(f"{pkg}.xtransformer").predict(Xr, W, C, G, p)
+            return _xt_ranker_of(pkg).predict(Xr, W, C, G, p)
         jobs.append((f"xtransformer {rdir.parent.name}", X.shape[0], rank))
     ours = None
     for name, n, fn in jobs:
@@ -250,7 +263,7 @@ def main() -> None:
                               "equal_to_current": bool(same or d.nnz == 0 or d.max() <= 1e-5)}), flush=True)
     for b in a.batch_sizes:
         n_docs = min(a.docs, a.docs_batch1) if b == 1 else a.docs
-        for name, fn in _batched_jobs(root, n_docs, xr_linear, xtransformer):
+        for name, fn in _batched_jobs(root, n_docs, xr_linear, xt_ranker):
             t0 = time.perf_counter()
             for start in range(0, n_docs, b):
                 fn(start, min(n_docs, start + b))

@@ -24,7 +24,7 @@ SEEDS=${SEEDS:-3}
 mkdir -p "$OUT" "$W/data"
 [ -f .gpu/setup.sh ] && source .gpu/setup.sh
 SECONDS=0
-[ -f "$W/data/wiki500k/synth.json" ] || python3 -m xmc_steps.synth --shape wiki500k --fraction "$FRACTION" --out "$W/data/wiki500k"
+[ -f "$W/data/wiki500k/synth.json" ] || python3 -m xmc_steps.stages.synth --shape wiki500k --fraction "$FRACTION" --out "$W/data/wiki500k"
 seeds=$(python3 -c "print(list(range($SEEDS)))")
 maxlen=128; [ "$ENCODER" = minilm ] && maxlen=64
 cat > "$W/overlay.yaml" <<YAML

@@ -5,10 +5,10 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_steps import io
-from xmc_steps.cluster import main as cluster_main
+from xmc_steps.stages.cluster import main as cluster_main
 from xmc_steps.cluster_tree import ClusterTree, balanced_2means, hierarchical_kmeans, tree_levels
 from xmc_steps.label_embedding import l2_normalize_rows, pifa
-from xmc_steps.label_embedding import main as emb_main
+from xmc_steps.stages.label_embedding import main as emb_main
 from xmc_steps.errors import StageError
 
 

@@ -7,11 +7,12 @@ import scipy.sparse as sp
 import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import elias, io, neural
+from xmc_steps import elias, io, layout, neural
 from xmc_steps.baselines import most_frequent_top, recall_of_top
 from xmc_steps.elias import train as elias_train
 from xmc_steps.cluster_tree import ClusterTree
 from xmc_steps.stage import cli_main
+from xmc_steps.stages import elias as elias_stage
 from xmc_steps.trainer import TrainParams
 
 
@@ -407,9 +408,9 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     def train(stage, out, params, extra):
         argv = ["train", "--stage", str(stage), "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
                 "--labels-valid", str(d / "Y_valid.npz"), "--out", str(out), "--params", json.dumps(params),
-                "--no-tracking", "--record", str(out / "record.json")] + extra
-        assert cli_main(elias.main, argv) == 0
-        return io.read_json(out / "record.json")
+                "--no-tracking", "--record", str(out / layout.RECORD)] + extra
+        assert cli_main(elias_stage.main, argv) == 0
+        return io.read_json(out / layout.RECORD)
 
     o1, o2 = tmp_path / "s1", tmp_path / "s2"
     # stage 1's beam of 1 cluster reaches half the positives at most, as many as the most frequent labels
@@ -419,7 +420,7 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     r2 = train(2, o2, {**common, "train": recipe, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
                ["--init", str(o1)])
     for o in (o1, o2):
-        assert (o / "model.safetensors").is_file() and (o / "elias.json").is_file() and not (o / "checkpoints").exists()
+        assert (o / layout.WEIGHTS).is_file() and (o / "elias.json").is_file() and not (o / "checkpoints").exists()
     M = io.load_csr(o1 / "clusters_train.npz")
     assert M.shape == (96, 4) and (np.diff(M.indptr) == 1).all() and (M.data > 0).all() and (M.data <= 1).all()
     m1, m2 = io.read_json(o1 / "elias.json"), io.read_json(o2 / "elias.json")
@@ -442,7 +443,7 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     argv = ["predict", "--model", str(o2), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
             "--emb-out", str(emb), "--shortlist-out", str(sl), "--params", json.dumps({"topk": 2, "device": "cpu"}),
             "--no-tracking", "--record", str(tmp_path / "pred.json")]
-    assert cli_main(elias.main, argv) == 0
+    assert cli_main(elias_stage.main, argv) == 0
     P, S = io.read_predictions(pred, 8), io.read_predictions(sl, 8)
     assert P.shape == (32, 8) and (np.diff(P.indptr) <= 2).all() and (np.diff(S.indptr) <= 2).all()
     assert io.load_arrays(emb)["emb"].shape == (32, 32)
@@ -459,11 +460,11 @@ def test_cli_rejects_bad_inputs(tiny, tmp_path, capsys):
     argv = ["train", "--stage", "2", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
             "--labels-valid", str(d / "Y_valid.npz"), "--out", str(tmp_path / "o"), "--params",
             json.dumps({"encoder": tiny, "train": {"steps": 1}}), "--no-tracking"]
-    assert cli_main(elias.main, argv) == 2
+    assert cli_main(elias_stage.main, argv) == 2
     assert "--init" in capsys.readouterr().err
     argv[2] = "1"
     argv[-2] = json.dumps({"encoder": tiny, "stepz": 1})
-    assert cli_main(elias.main, argv + ["--tree", str(d / "tree.npz")]) == 2
+    assert cli_main(elias_stage.main, argv + ["--tree", str(d / "tree.npz")]) == 2
     assert "unknown ELIAS parameter" in capsys.readouterr().err
 
 
@@ -581,6 +582,6 @@ def test_stage1_refuses_before_allocating_what_cannot_fit(tiny, tmp_path, monkey
     argv = ["train", "--stage", "1", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"),
             "--labels-valid", str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(tmp_path / "o"),
             "--params", json.dumps({"encoder": tiny, "train": {"steps": 1}, "device": "cpu"}), "--no-tracking"]
-    assert cli_main(elias.main, argv) == 2
+    assert cli_main(elias_stage.main, argv) == 2
     err = capsys.readouterr().err
-    assert "W_L (8 x 32)" in err and "elias.cluster.leaf_size" in err and not (tmp_path / "o" / "model.safetensors").exists()
+    assert "W_L (8 x 32)" in err and "elias.cluster.leaf_size" in err and not (tmp_path / "o" / layout.WEIGHTS).exists()

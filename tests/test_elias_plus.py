@@ -59,6 +59,7 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
     """The calibration tree's frequency feature must not see the validation split it is fitted on:
     it is the ranker's training-label count, for fitting and for prediction alike."""
     from xmc_steps import elias_plus, io
+    from xmc_steps.stages import elias_plus as elias_plus_stage
 
     rng = np.random.default_rng(2)
     n, L, d = 120, 6, 10
@@ -79,9 +80,9 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
                         lambda h, e, idx, freq: seen.append(np.array(freq)) or real(h, e, idx, freq))
 
     def run(cmd, name, *extra):
-        elias_plus.main([cmd, "--tfidf", str(tmp_path / f"X_{name}.npz"), "--emb", str(tmp_path / f"emb_{name}.npz"),
-                         "--candidates", str(tmp_path / f"cand_{name}.parquet"), "--no-tracking",
-                         "--params", '{"n_candidates": 5}', *extra])
+        elias_plus_stage.main([cmd, "--tfidf", str(tmp_path / f"X_{name}.npz"), "--emb", str(tmp_path / f"emb_{name}.npz"),
+                               "--candidates", str(tmp_path / f"cand_{name}.parquet"), "--no-tracking",
+                               "--params", '{"n_candidates": 5}', *extra])
 
     run("train", "train", "--labels", str(tmp_path / "Y_train.npz"), "--out", str(tmp_path / "ranker"))
     run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),

@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from test_lightxml import _write_toy
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import gudn, io, lightxml, neural
+from xmc_steps import gudn, io, layout, lightxml, neural
 from xmc_steps.lightxml.train import train_lightxml
 from xmc_steps.stage import cli_main
+from xmc_steps.stages import gudn as gudn_stage
+from xmc_steps.stages import lightxml as lightxml_stage
 from xmc_steps.trainer import TrainParams
 
 
@@ -130,8 +132,12 @@ def test_gated_feature_guide_trains_as_eq6_when_open_and_as_no_feature_guide_whe
         torch.manual_seed(0)
         model = lightxml.build_model(params, 8, None, None)
         logs = {}
-        train_lightxml(model, tokens, Y, params, ck, guide=gudn.GuideNetwork(gp, on_gate=lambda *a: seen.append(a)),
-                       label_tokens=label_tokens, on_step=lambda t, lg: logs.update({t: lg}))
+        guide = gudn.GuideNetwork(gp, label_tokens)
+        train_lightxml(model, tokens, Y, params, ck, guide=guide, on_step=lambda t, lg: logs.update({t: lg}))
+        if guide.gate_ratio is not None:
+            gate = guide.describe()["gudn"]["feature_gate"]
+            seen.append((guide.gate_ratio, guide.feature_on()))
+            assert gate == {"ratio": guide.gate_ratio, "feature_guide_on": guide.feature_on()}
         return model.state_dict(), logs
 
     gated, logs = run(gudn.GUDNParams(feature_weight="gated"), tmp_path / "gated")
@@ -168,9 +174,9 @@ def test_cli_trains_with_both_guides_and_predicts_with_lightxml(tiny, tmp_path):
     argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
             str(d / "Y_valid.npz"), "--label-table", str(d / "labels.parquet"), "--ingest-record", str(d / "ingest.json"),
             "--tree", str(d / "tree.npz"), "--out", str(out), "--params", json.dumps(params), "--no-tracking",
-            "--record", str(out / "record.json")]
-    assert cli_main(gudn.main, argv) == 0
-    rec = io.read_json(out / "record.json")
+            "--record", str(out / layout.RECORD)]
+    assert cli_main(gudn_stage.main, argv) == 0
+    rec = io.read_json(out / layout.RECORD)
     meta = io.read_json(out / "lightxml.json")
     assert meta["last_k"] == 2                     # the paper's 10 layers, capped at the tiny encoder's 2
     assert meta["gudn"]["feature_guide"] and meta["gudn"]["link_guide"] and meta["gudn"]["feature_loss"] == "mean"
@@ -180,7 +186,7 @@ def test_cli_trains_with_both_guides_and_predicts_with_lightxml(tiny, tmp_path):
     pred = tmp_path / "pred.parquet"
     argv = ["predict", "--model", str(out), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
             "--params", json.dumps({"topk": 3, "device": "cpu"}), "--no-tracking"]
-    assert cli_main(lightxml.main, argv) == 0
+    assert cli_main(lightxml_stage.main, argv) == 0
     assert io.read_predictions(pred, 8).shape == (32, 8)
 
 
@@ -192,7 +198,7 @@ def test_cli_names_the_missing_label_text_file(tiny, tmp_path, capsys):
             "--label-texts-file", "data/mine/label_texts.txt", "--out", str(tmp_path / "m"),
             "--params", json.dumps({"backbone": {"encoder": tiny, "device": "cpu", "train": {"steps": 1}}}),
             "--no-tracking"]
-    assert cli_main(gudn.main, argv) != 0
+    assert cli_main(gudn_stage.main, argv) != 0
     err = capsys.readouterr().err
     assert "data/mine/label_texts.txt is missing" in err
-    assert not (tmp_path / "m" / "model.safetensors").exists()
+    assert not (tmp_path / "m" / layout.WEIGHTS).exists()

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import write_raw_dataset
 from xmc_steps import config, io
-from xmc_steps.ingest import main as ingest_main
+from xmc_steps.stages.ingest import main as ingest_main
 from xmc_steps.errors import StageError
 
 SETTINGS = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "x")

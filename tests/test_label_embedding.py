@@ -5,7 +5,8 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_steps import io
-from xmc_steps.label_embedding import main, pifa
+from xmc_steps.label_embedding import pifa
+from xmc_steps.stages.label_embedding import main
 from xmc_steps.errors import StageError
 
 

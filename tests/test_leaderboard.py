@@ -4,6 +4,7 @@ import pytest
 
 from test_workflow import _run
 from xmc_steps import io, leaderboard
+from xmc_steps.stages import leaderboard as leaderboard_stage
 
 
 def _res(method, p1, dataset="d", **more):
@@ -42,16 +43,16 @@ def test_cli_writes_the_table_the_csv_and_three_plots(tmp_path):
     out = tmp_path / "lb" / "leaderboard.md"
     from xmc_steps.stage import cli_main
 
-    assert cli_main(leaderboard.main, ["--results", *files, "--out", str(out), "--no-tracking"]) == 0
+    assert cli_main(leaderboard_stage.main, ["--results", *files, "--out", str(out), "--no-tracking"]) == 0
     assert "| elias | 55.00 |" in out.read_text()
     for f in ("leaderboard.csv", "leaderboard.png", "leaderboard_recall.png", "leaderboard_deciles.png"):
         assert (out.parent / f).stat().st_size > 0, f
     assert (out.parent / "leaderboard.png").read_bytes()[:4] == b"\x89PNG"
     all_md = tmp_path / "all.md"
-    assert cli_main(leaderboard.main, ["--tables", str(out.parent / "leaderboard.csv"), "--out", str(all_md),
+    assert cli_main(leaderboard_stage.main, ["--tables", str(out.parent / "leaderboard.csv"), "--out", str(all_md),
                                        "--no-tracking"]) == 0
     assert "## lb" in all_md.read_text() and "| elias | 55.00 |" in all_md.read_text()
-    assert cli_main(leaderboard.main, ["--results", "--out", str(tmp_path / "x.md"), "--no-tracking"]) != 0
+    assert cli_main(leaderboard_stage.main, ["--results", "--out", str(tmp_path / "x.md"), "--no-tracking"]) != 0
 
 
 @pytest.mark.slow
@@ -149,7 +150,7 @@ def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
         files.append(str(tmp_path / f"{i}.json"))
     io.write_json(tmp_path / "reported.json", reported)
     out = tmp_path / "eurlex4k" / "leaderboard.md"
-    assert cli_main(leaderboard.main, ["--results", *files, "--out", str(out), "--reported", str(tmp_path / "reported.json"),
+    assert cli_main(leaderboard_stage.main, ["--results", *files, "--out", str(out), "--reported", str(tmp_path / "reported.json"),
                                        "--paper-config", str(root / "config.yaml"), str(root / "config.paper.yaml"),
                                        "--no-tracking"]) == 0
     assert "| yes * |" in out.read_text()

@@ -10,8 +10,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from test_neural import HostReads
 from test_elias import _write_toy  # 4 topics, labels {t, t + 4}, a tree of 4 clusters {0,1} .. {6,7}
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import io, lightxml, neural
+from xmc_steps import io, layout, lightxml, neural
 from xmc_steps.stage import cli_main
+from xmc_steps.stages import lightxml as lightxml_stage
 from xmc_steps.lightxml.train import train_lightxml
 from xmc_steps.trainer import TrainParams, lr_factor
 
@@ -172,9 +173,9 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
               "train": {"steps": 120, "batch_size": 16, "lr": 2e-3, "checkpoint_every": 50}}
     argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
             str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(out), "--params", json.dumps(params),
-            "--no-tracking", "--record", str(out / "record.json")]
-    assert cli_main(lightxml.main, argv) == 0
-    rec = io.read_json(out / "record.json")
+            "--no-tracking", "--record", str(out / layout.RECORD)]
+    assert cli_main(lightxml_stage.main, argv) == 0
+    rec = io.read_json(out / layout.RECORD)
     meta = io.read_json(out / "lightxml.json")
     assert meta["flat"] == (flat_max_labels >= 8) and meta["K"] == (8 if flat_max_labels >= 8 else 4)
     assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and not (out / "checkpoints").exists()
@@ -196,7 +197,7 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
     pred = tmp_path / "pred.parquet"
     argv = ["predict", "--model", str(out), "--tokens", str(d / "tokens_test.npz"), "--out", str(pred),
             "--params", json.dumps({"topk": 3, "device": "cpu"}), "--no-tracking", "--record", str(tmp_path / "p.json")]
-    assert cli_main(lightxml.main, argv) == 0
+    assert cli_main(lightxml_stage.main, argv) == 0
     assert io.read_json(tmp_path / "p.json")["extra"]["device"] == "cpu"
     P = io.read_predictions(pred, 8)
     assert P.shape == (32, 8) and (np.diff(P.indptr) <= 3).all()
@@ -221,8 +222,8 @@ def test_training_is_repeatable_for_a_seed(tiny, tmp_path):
         argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
                 str(d / "Y_valid.npz"), "--tree", str(d / "tree.npz"), "--out", str(tmp_path / run),
                 "--params", json.dumps(params), "--no-tracking"]
-        assert cli_main(lightxml.main, argv) == 0
-        digests.append((tmp_path / run / "model.safetensors").read_bytes())
+        assert cli_main(lightxml_stage.main, argv) == 0
+        digests.append((tmp_path / run / layout.WEIGHTS).read_bytes())
     assert digests[0] == digests[1] and digests[0] != digests[2]
 
 
@@ -243,13 +244,13 @@ def test_cli_fails_loudly_when_nothing_was_learned(tiny, tmp_path, capsys):
               "train": {"steps": 1, "batch_size": 8, "lr": 1e-9}}
     argv = ["train", "--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid",
             str(d / "Y_valid.npz"), "--out", str(out), "--params", json.dumps(params), "--no-tracking"]
-    assert cli_main(lightxml.main, argv) != 0
+    assert cli_main(lightxml_stage.main, argv) != 0
     err = capsys.readouterr().err
     assert "learned nothing" in err and "frequency prior" in err and "lightxml.allow_weak" in err
-    assert not (out / "model.safetensors").exists()
+    assert not (out / layout.WEIGHTS).exists()
     params["allow_weak"] = True
     argv[argv.index("--params") + 1] = json.dumps(params)
-    assert cli_main(lightxml.main, argv) == 0 and (out / "model.safetensors").exists()
+    assert cli_main(lightxml_stage.main, argv) == 0 and (out / layout.WEIGHTS).exists()
 
 
 def test_static_negatives_are_drawn_once_after_the_generator_phase(tiny, tmp_path, monkeypatch):
@@ -387,7 +388,7 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
 
 
 def test_guard_fails_a_model_below_the_prior_or_below_its_own_linear_start():
-    from xmc_steps.lightxml.cli import guard
+    from xmc_steps.lightxml.run import guard
 
     prior = {"p_at_1": 0.001, "p_at_5": 0.0005}
     start = {"p_at_1": 0.12, "p_at_5": 0.06}

@@ -6,7 +6,9 @@ import scipy.sparse as sp
 import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import encoders, io, matcher, neural, trainer
+from xmc_steps import encoders, io, layout, neural, trainer
+from xmc_steps import xtransformer as xt
+from xmc_steps.stages import matcher as matcher_stage
 from xmc_steps.trainer import TrainParams
 from xmc_steps.stage import cli_main
 
@@ -22,14 +24,14 @@ def test_squared_hinge_matches_hand_computation():
     # row 1: M~ = (+1, -1, +1): max(0, 1-2)^2 = 0, max(0, 1-0.5)^2 = .25, max(0, 1-.3)^2 = .49
     # row 2: M~ = (-1, +1, +1): max(0, 1+0)^2 = 1, max(0, 1-1.5)^2 = 0, max(0, 1+2)^2 = 9
     expected = ((0 + 0.25 + 0.49) / 3 + (1 + 0 + 9) / 3) / 2
-    assert matcher.squared_hinge_loss(scores, M).item() == pytest.approx(expected)
-    assert matcher.squared_hinge_loss(scores.bfloat16(), M).dtype == torch.float32
+    assert xt.squared_hinge_loss(scores, M).item() == pytest.approx(expected)
+    assert xt.squared_hinge_loss(scores.bfloat16(), M).dtype == torch.float32
 
 
 def test_cluster_targets_binarise_YC():
     Y = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=np.float32))
     C = sp.csr_matrix(np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=np.float32))
-    M = matcher.cluster_targets(Y, C)
+    M = xt.cluster_targets(Y, C)
     assert M.toarray().tolist() == [[1, 0], [0, 1], [0, 0]]
 
 
@@ -62,7 +64,7 @@ def _write_toy(tmp_path, tiny, n=40, L=6, K=3, width=16):
 def _args(d, out, params):
     return ["--tokens-dir", str(d), "--labels-train", str(d / "Y_train.npz"), "--labels-valid", str(d / "Y_valid.npz"),
             "--cluster-assign", str(d / "C.npz"), "--out", str(out), "--params", json.dumps(params),
-            "--no-tracking", "--record", str(out / "record.json")]
+            "--no-tracking", "--record", str(out / layout.RECORD)]
 
 
 def test_matcher_cli_end_to_end(tiny, tmp_path):
@@ -72,7 +74,7 @@ def test_matcher_cli_end_to_end(tiny, tmp_path):
               "threads": 1, "allow_weak": True,   # 4 steps learn little
               "train": {"steps": 4, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1, "checkpoint_every": 2,
                         "log_every": 1, "seed": 0}}
-    matcher.main(_args(d, out, params))
+    matcher_stage.main(_args(d, out, params))
     meta = io.read_json(out / "matcher.json")
     assert meta["K"] == 3 and meta["dim"] == 32 and meta["pooling"] == "cls" and meta["encoder"] == tiny
     assert meta["params"]["train"]["steps"] == 4 and meta["params"]["train"]["length_bucket"] == 50
@@ -82,13 +84,13 @@ def test_matcher_cli_end_to_end(tiny, tmp_path):
         cl = io.load_csr(out / f"clusters_{s}.npz")
         assert cl.shape == (n, 3) and (np.diff(cl.indptr) == 2).all()
     assert not (out / "checkpoints").exists()
-    rec = io.read_json(out / "record.json")
+    rec = io.read_json(out / layout.RECORD)
     assert rec["metrics"]["train_steps"] == 4 and rec["metrics"]["train_seq_per_s"] > 0
     assert 0 <= rec["metrics"]["valid_cluster_p_at_1"] <= 1
-    assert rec["extra"]["model_paths"][0] == str(out / "model.safetensors")
+    assert rec["extra"]["model_paths"][0] == str(out / layout.WEIGHTS)
     # the saved model loads back and reproduces the written embeddings
-    m = matcher.load_matcher(out)
-    scores, emb = matcher.predict_clusters(m, neural.TokenData.load(d / "tokens_test.npz"), 2, device="cpu",
+    m = xt.load_matcher(out)
+    scores, emb = xt.predict_clusters(m, neural.TokenData.load(d / "tokens_test.npz"), 2, device="cpu",
                                            progress=None)
     np.testing.assert_allclose(emb, io.load_arrays(out / "emb_test.npz")["emb"], atol=1e-5)
 
@@ -106,9 +108,9 @@ def test_guard_failure_keeps_the_validation_curve_for_the_rerun(tiny, tmp_path):
     M_valid.data[:] = 1.0
     io.save_csr(d / "perfect.npz", M_valid)
     args = _args(d, out, params) + ["--baseline-clusters", str(d / "perfect.npz")]
-    assert cli_main(matcher.main, args) != 0
+    assert cli_main(matcher_stage.main, args) != 0
     assert sorted(io.read_json(out / "checkpoints" / "curve.json")) == ["0", "2", "4"]
-    matcher.main(_args(d, out, {**params, "allow_weak": True}) + ["--baseline-clusters", str(d / "perfect.npz")])
+    matcher_stage.main(_args(d, out, {**params, "allow_weak": True}) + ["--baseline-clusters", str(d / "perfect.npz")])
     guard = io.read_json(out / "guard.json")
     assert sorted(guard["curve"], key=int) == ["0", "2", "4"] and guard["allow_weak"] is True
 
@@ -137,9 +139,9 @@ def test_matcher_cli_errors_before_training(tiny, tmp_path, capsys, case, messag
     else:
         params["encoder"] = "no-such-org/no-such-encoder-xyz"
     out = tmp_path / "out"
-    assert cli_main(matcher.main, _args(d, out, params)) == 2
+    assert cli_main(matcher_stage.main, _args(d, out, params)) == 2
     assert message in capsys.readouterr().err
-    assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
+    assert not (out / layout.WEIGHTS).exists() and not (out / "checkpoints").exists()
 
 
 def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
@@ -156,12 +158,12 @@ def test_matcher_learns_a_separable_toy_problem(tiny, tmp_path):
             curve[step] = logs["valid_cluster_p_at_1"]
 
     valid = (neural.TokenData(ids[va], lengths[va]), M[va])
-    model, trainer = matcher.train_matcher(neural.TokenData(ids[tr], lengths[tr]), M[tr], params, tmp_path / "ck",
+    model, trainer = xt.train_matcher(neural.TokenData(ids[tr], lengths[tr]), M[tr], params, tmp_path / "ck",
                                            on_step=on_step, valid=valid)
     assert trainer.step == 60 and set(curve) == {0, 30, 60}   # 0: the starting point
     assert curve[60] >= 0.9, curve  # chance is 0.25 (at step 30 it is usually still near chance)
-    scores, _ = matcher.predict_clusters(model, valid[0], topb=2, device="cpu", progress=None)
-    assert matcher.top1_precision(scores, valid[1]) == pytest.approx(curve[60])
+    scores, _ = xt.predict_clusters(model, valid[0], topb=2, device="cpu", progress=None)
+    assert xt.top1_precision(scores, valid[1]) == pytest.approx(curve[60])
 
 
 def test_cluster_assignment_from_csr_or_cluster_tree(tmp_path):
@@ -169,26 +171,26 @@ def test_cluster_assignment_from_csr_or_cluster_tree(tmp_path):
 
     tree = ClusterTree.from_parents([np.zeros(3, dtype=np.int32), np.arange(6, dtype=np.int32) % 3])
     tree.save(tmp_path / "tree.npz")
-    C = matcher.load_cluster_assignment(tmp_path / "tree.npz")
+    C = xt.load_cluster_assignment(tmp_path / "tree.npz")
     assert C.shape == (6, 3) and (C.toarray().argmax(1) == np.arange(6) % 3).all()
     io.save_csr(tmp_path / "C.npz", C)
-    assert (matcher.load_cluster_assignment(tmp_path / "C.npz") != C).nnz == 0
+    assert (xt.load_cluster_assignment(tmp_path / "C.npz") != C).nnz == 0
 
 
 def test_cluster_recall_frequency_baseline_and_guard():
     M_valid = sp.csr_matrix(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], np.float32))
     top = sp.csr_matrix(np.array([[0.9, 0.5, 0, 0], [0, 0.4, 0.3, 0], [0.1, 0.2, 0, 0]], np.float32))
     # row 1: 1 of 2 positives; row 2: 1 of 1; row 3 has no positive and does not count
-    assert matcher.cluster_recall(top, M_valid) == pytest.approx(0.75)
+    assert xt.cluster_recall(top, M_valid) == pytest.approx(0.75)
     M_train = sp.csr_matrix(np.array([[0, 0, 1, 1], [0, 0, 1, 0], [0, 1, 1, 0]], np.float32))
-    F = matcher.frequency_topb(M_train, 3, 2)
+    F = xt.frequency_topb(M_train, 3, 2)
     assert F.toarray().tolist() == [[0, 1, 3, 0]] * 3          # ties -> the lower cluster id
-    assert matcher.guard_width(10, 8) == 4 and matcher.guard_width(10, 2048) == 10 and matcher.guard_width(3, 2) == 1
+    assert xt.guard_width(10, 8) == 4 and xt.guard_width(10, 2048) == 10 and xt.guard_width(3, 2) == 1
     lin = sp.csr_matrix(np.array([[0, 0, 0, 0.5], [0.2, 0, 0, 0], [0, 0, 0, 0]], np.float32))
-    g = matcher.check_matcher(top, M_valid, M_train, 2, lin)
+    g = xt.check_matcher(top, M_valid, M_train, 2, lin)
     assert g.baselines["linear_tree"] == pytest.approx(0.25) and g.passed
     assert g.to_dict()["best_baseline"] in ("most_frequent", "linear_tree")
-    weak = matcher.check_matcher(lin, M_valid, M_train, 2, top)
+    weak = xt.check_matcher(lin, M_valid, M_train, 2, top)
     assert not weak.passed
     msg = weak.message()
     assert "xtransformer.matcher.allow_weak" in msg and "xtransformer.matcher.epochs" in msg and "0.2500" in msg
@@ -202,7 +204,7 @@ def test_head_linear_scores_are_the_mean_of_the_transformed_head_and_the_beam():
     g = emb @ W.T
     # the beam reached cluster 2 (head rank 3 of 4) in row 0 and clusters 0 and 1 in row 1
     lin = sp.csr_matrix(np.array([[0, 0, 0.9, 0], [0.6, 0.1, 0, 0]], np.float32))
-    top = matcher.head_linear_topb(emb, W, lin, b=2)
+    top = xt.head_linear_topb(emb, W, lin, b=2)
     T = transform(g, "l3-hinge")
     want = 0.5 * T + 0.5 * lin.toarray()
     assert (np.diff(top.indptr) == 2).all()
@@ -214,18 +216,18 @@ def test_head_linear_scores_are_the_mean_of_the_transformed_head_and_the_beam():
     # row 0: the linear tree lifts cluster 2 past the head's second choice
     assert 2 in top[0].indices
     with pytest.raises(Exception, match="shape"):
-        matcher.head_linear_topb(emb, W, lin[:1], b=2)
+        xt.head_linear_topb(emb, W, lin[:1], b=2)
 
 
 def test_guard_with_head_linear_needs_a_head_that_learned():
     base = {"most_frequent": 0.30, "linear_tree": 0.40}
-    ok = matcher.GuardReport(10, 256, 0.45, base, "head+linear", head=0.35)
+    ok = xt.GuardReport(10, 256, 0.45, base, "head+linear", head=0.35)
     assert ok.passed and ok.to_dict()["scorer"] == "head+linear" and ok.to_dict()["head_recall_at_b"] == 0.35
     # the linear tree's half carries a head no better than the most frequent clusters: stop
-    lazy = matcher.GuardReport(10, 256, 0.45, base, "head+linear", head=0.30)
+    lazy = xt.GuardReport(10, 256, 0.45, base, "head+linear", head=0.30)
     assert not lazy.passed and "head alone" in lazy.message() and "0.3000" in lazy.message()
-    assert not matcher.GuardReport(10, 256, 0.40, base, "head+linear", head=0.35).passed
-    assert matcher.GuardReport(10, 256, 0.41, base).passed
+    assert not xt.GuardReport(10, 256, 0.40, base, "head+linear", head=0.35).passed
+    assert xt.GuardReport(10, 256, 0.41, base).passed
 
 
 def test_guard_counts_what_the_matcher_adds_to_the_linear_trees_clusters():
@@ -238,16 +240,16 @@ def test_guard_counts_what_the_matcher_adds_to_the_linear_trees_clusters():
     # the tree: its top-2 finds one positive per row, its next two none (4 clusters listed)
     lin = sp.csr_matrix(np.array([[.9, .8, .7, .6, 0, 0, 0, 0], [.9, .8, 0, .6, .5, 0, 0, 0]], np.float32))
     adds = sp.csr_matrix(np.array([[0, 0, 0, 0, .9, .8, 0, 0], [0, 0, 0, 0, .9, .8, 0, 0]], np.float32))
-    g = matcher.check_matcher(adds, M_valid, M_train, b, lin)
+    g = xt.check_matcher(adds, M_valid, M_train, b, lin)
     # at b the matcher ties the tree (one of two positives per row) ...
     assert g.matcher == pytest.approx(0.5) and g.baselines["linear_tree"] == pytest.approx(0.5)
     # ... but the union finds all four positives, the tree's own top-4 two
     assert g.union == pytest.approx(1.0) and g.linear_same_budget == pytest.approx(0.5) and g.union_clusters == 4
     assert g.adds_to_tree and g.passed and g.to_dict()["union"]["adds_to_tree"] is True
     same = sp.csr_matrix(np.array([[0, 0, .9, .8, 0, 0, 0, 0], [0, 0, .9, .8, 0, 0, 0, 0]], np.float32))
-    bad = matcher.check_matcher(same, M_valid, M_train, b, lin)
+    bad = xt.check_matcher(same, M_valid, M_train, b, lin)
     assert not bad.passed and "not above the tree alone with as many clusters" in bad.message()
-    freq = matcher.check_matcher(matcher.frequency_topb(M_train, 2, b), M_valid, M_train, b, lin)
+    freq = xt.check_matcher(xt.frequency_topb(M_train, 2, b), M_valid, M_train, b, lin)
     assert not freq.passed
 
 
@@ -266,14 +268,14 @@ def test_candidates_matcher_needs_a_matcher_that_beats_the_baselines_alone(tmp_p
     M_train = sp.csr_matrix(np.eye(K, dtype=np.float32)[[6, 6, 7, 7, 6, 7]])
     lin = sp.csr_matrix(np.array([[.9, .8, .7, .6, 0, 0, 0, 0], [.9, .8, 0, .6, .5, 0, 0, 0]], np.float32))
     adds = sp.csr_matrix(np.array([[0, 0, 0, 0, .9, .8, 0, 0], [0, 0, 0, 0, .9, .8, 0, 0]], np.float32))
-    union_only = matcher.check_matcher(adds, M_valid, M_train, b, lin)     # ties the tree at b, adds to it
+    union_only = xt.check_matcher(adds, M_valid, M_train, b, lin)     # ties the tree at b, adds to it
     assert union_only.passed and not union_only.passed_alone and union_only.to_dict()["passed_alone"] is False
-    why = matcher.alone_failure(union_only.to_dict())
+    why = xt.alone_failure(union_only.to_dict())
     assert "candidates: matcher" in why and "only through the union" in why and "linear_tree 0.5000" in why
-    better = matcher.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40})
-    assert better.passed_alone and matcher.alone_failure(better.to_dict()) is None
-    lazy = matcher.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40}, "head+linear", head=0.30)
-    assert "head alone" in matcher.alone_failure(lazy.to_dict())
+    better = xt.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40})
+    assert better.passed_alone and xt.alone_failure(better.to_dict()) is None
+    lazy = xt.GuardReport(10, 256, 0.45, {"most_frequent": 0.30, "linear_tree": 0.40}, "head+linear", head=0.30)
+    assert "head alone" in xt.alone_failure(lazy.to_dict())
     # the rankers' stage: only candidates matcher reads the guard; allow_weak makes it a warning
     path = tmp_path / "guard.json"
     io.write_json(path, {**union_only.to_dict(), "allow_weak": False})
@@ -311,16 +313,16 @@ def test_matcher_cli_scorer_head_linear(tiny, tmp_path, capsys):
     params = {"encoder": tiny, "max_length": 16, "topb": 2, "device": "cpu", "threads": 1, "allow_weak": True,
               "scorer": "head+linear", "train": {"steps": 2, "batch_size": 8, "warmup_steps": 1, "seed": 0}}
     out = tmp_path / "out"
-    assert cli_main(matcher.main, _args(d, out, params) + ["--baseline-clusters", str(d / "lin_valid.npz")]) == 2
+    assert cli_main(matcher_stage.main, _args(d, out, params) + ["--baseline-clusters", str(d / "lin_valid.npz")]) == 2
     assert "every split" in capsys.readouterr().err
-    matcher.main(_args(d, out, params) + lin)
+    matcher_stage.main(_args(d, out, params) + lin)
     guard = io.read_json(out / "guard.json")
     assert guard["scorer"] == "head+linear" and set(guard["head"]["scorers"]) == {"head", "head+linear"}
     assert guard["matcher_recall_at_b"] == guard["head"]["scorers"]["head+linear"]
     top = io.load_csr(out / "clusters_test.npz")
     assert (np.diff(top.indptr) == 2).all() and 0 < top.data.min() and top.data.max() <= 1.0
     out2 = tmp_path / "out2"                 # the paper's scorer: kept, with both recalls on record
-    matcher.main(_args(d, out2, {**params, "scorer": "head"}) + lin)
+    matcher_stage.main(_args(d, out2, {**params, "scorer": "head"}) + lin)
     g2 = io.read_json(out2 / "guard.json")
     assert g2["scorer"] == "head" and g2["matcher_recall_at_b"] == g2["head"]["scorers"]["head"]
     assert g2["head"]["scorers"]["head+linear"] == guard["head"]["scorers"]["head+linear"]
@@ -331,7 +333,7 @@ def test_linear_head_solves_the_least_squares_of_eq3():
     E = rng.normal(size=(200, 6)).astype(np.float32)
     M = sp.random(200, 5, density=0.3, random_state=1, format="csr")
     M.data[:] = 1
-    W = matcher.linear_head(E, M, l2=1e-3)
+    W = xt.linear_head(E, M, l2=1e-3)
     Mt = 2 * M.toarray() - 1
     lam = 1e-3 * np.trace(E.T.astype(np.float64) @ E) / 6
     ref = np.linalg.solve(E.T.astype(np.float64) @ E + lam * np.eye(6), E.T.astype(np.float64) @ Mt).T
@@ -340,20 +342,20 @@ def test_linear_head_solves_the_least_squares_of_eq3():
 
 def test_schedule_from_epochs_or_steps():
     def schedule(train, n):
-        t = matcher.MatcherParams.from_dict({"train": train}).train.resolved(n)
+        t = xt.MatcherParams.from_dict({"train": train}).train.resolved(n)
         return t.steps, t.warmup_steps
 
     assert schedule({"epochs": 2.0, "batch_size": 32, "warmup": 0.1}, 1000) == (63, 6)   # ceil(2 * 1000 / 32), 10 %
     assert schedule({"epochs": 2.0, "batch_size": 16, "grad_accum": 2}, 1000) == (63, 6)   # the matcher's warm-up kept
     assert schedule({"steps": 100, "warmup_steps": 7}, 10 ** 6) == (100, 7)
     with pytest.raises(ValueError, match="warmup"):
-        matcher.MatcherParams.from_dict({"train": {"warmup": 1.5}})
+        xt.MatcherParams.from_dict({"train": {"warmup": 1.5}})
     with pytest.raises(ValueError, match="epochs is now train.epochs"):
-        matcher.MatcherParams.from_dict({"epochs": 2.0})
+        xt.MatcherParams.from_dict({"epochs": 2.0})
     with pytest.raises(ValueError, match="head_init"):
-        matcher.MatcherParams(head_init="zeros")
+        xt.MatcherParams(head_init="zeros")
     with pytest.raises(ValueError, match="resolved"):     # the Trainer takes step counts, not epochs
-        trainer.Trainer(torch.nn.Linear(2, 1), [], matcher.MatcherParams().train, None)
+        trainer.Trainer(torch.nn.Linear(2, 1), [], xt.MatcherParams().train, None)
 
 
 def test_topb_from_emb_and_head_refit_keeps_the_better_head(tiny):
@@ -361,19 +363,19 @@ def test_topb_from_emb_and_head_refit_keeps_the_better_head(tiny):
     emb = rng.normal(size=(300, 32)).astype(np.float32)
     W_true = rng.normal(size=(20, 32)).astype(np.float32)
     S = emb @ W_true.T
-    top = matcher.topb_from_emb(emb, W_true, 3, batch_rows=64)
+    top = xt.topb_from_emb(emb, W_true, 3, batch_rows=64)
     assert top.shape == (300, 20) and (np.diff(top.indptr) == 3).all()
     np.testing.assert_array_equal(np.sort(top.indices.reshape(300, 3), 1), np.sort(np.argsort(-S, 1)[:, :3], 1))
     # targets: each row's best cluster under W_true; a model whose head is noise
     M = sp.csr_matrix((np.ones(300, np.float32), S.argmax(1), np.arange(301)), shape=(300, 20))
-    model = matcher.build_model(matcher.MatcherParams(encoder=tiny), 20, pretrained=False)
+    model = xt.build_model(xt.MatcherParams(encoder=tiny), 20, pretrained=False)
     assert model.encoder.dim == 32
-    info = matcher.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
+    info = xt.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
     assert info["kept"] == "refit" and info["refit"] > info["trained"]
     W = model.head.weight.detach().numpy()
-    np.testing.assert_allclose(W, matcher.linear_head(emb[:200], M[:200], 0.001), rtol=1e-5)
+    np.testing.assert_allclose(W, xt.linear_head(emb[:200], M[:200], 0.001), rtol=1e-5)
     # a second refit is no better than the head it now has: the head stays
-    info2 = matcher.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
+    info2 = xt.refit_head(model, emb[:200], M[:200], emb[200:], M[200:], b=3)
     assert info2["kept"] == "trained"
 
 
@@ -399,15 +401,15 @@ def test_matcher_learns_at_a_thousand_clusters(tiny):
     ids, lengths, M = _clustered_tokens()
     tr, va = slice(0, 3500), slice(3500, 4000)
     T, V = neural.TokenData(ids[tr], lengths[tr]), neural.TokenData(ids[va], lengths[va])
-    prior = matcher.cluster_recall(matcher.frequency_topb(M[tr], 500, 10), M[va])
+    prior = xt.cluster_recall(xt.frequency_topb(M[tr], 500, 10), M[va])
     recall = {}
     for name, cfg in (("default", {"head_init": "linear"}), ("random", {"head_init": "random", "lr_head": 1e-2})):
-        p = matcher.MatcherParams(encoder=tiny, pooling="mean", device="cpu", eval_every=0, **cfg,
+        p = xt.MatcherParams(encoder=tiny, pooling="mean", device="cpu", eval_every=0, **cfg,
                                   train=TrainParams(steps=100, batch_size=32, lr=1e-3, warmup=0.1, checkpoint_every=0,
                                                     length_bucket=50))
-        model, _ = matcher.train_matcher(T, M[tr], p, None)
-        top, _ = matcher.predict_clusters(model, V, 10, device="cpu", progress=None)
-        recall[name] = matcher.cluster_recall(top, M[va])
+        model, _ = xt.train_matcher(T, M[tr], p, None)
+        top, _ = xt.predict_clusters(model, V, 10, device="cpu", progress=None)
+        recall[name] = xt.cluster_recall(top, M[va])
     assert prior < 0.02
     assert recall["default"] > 10 * prior, (prior, recall)
     assert recall["default"] > 5 * recall["random"], (prior, recall)

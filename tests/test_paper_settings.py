@@ -18,7 +18,7 @@ import yaml
 
 from xmc_steps import config
 from xmc_steps.cluster_tree import tree_levels
-from xmc_steps.layout import split_method
+from xmc_steps.registry import split_method
 
 ROOT = config.SCHEMA_PATH.parents[2]
 
@@ -189,8 +189,7 @@ def _value(s, dataset, setting):
 def _classes():
     from xmc_steps.gudn import GUDNParams
     from xmc_steps.lightxml import LightXMLParams
-    from xmc_steps.matcher import MatcherParams
-    from xmc_steps.xtransformer import XTransformerRankerParams
+    from xmc_steps.xtransformer import MatcherParams, XTransformerRankerParams
 
     return {"xtransformer.matcher": MatcherParams, "xtransformer.ranker": XTransformerRankerParams,
             "lightxml": LightXMLParams, "gudn": GUDNParams}

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 
 from xmc_steps.elias import EliasParams
-from xmc_steps.matcher import MatcherParams
-from xmc_steps.params import Params, convert
+from xmc_steps.params import Params, bounded, choices, convert, regex
 from xmc_steps.ranker import RankerParams
 from xmc_steps.trainer import TrainParams
 from xmc_steps.xr_linear import XRLinearParams
+from xmc_steps.xtransformer import MatcherParams
 
 
 @dataclass
@@ -94,10 +96,12 @@ DEFAULTS_ALLOWED = {
     "xtransformer.matcher.max_length", "lightxml.max_length", "gudn.backbone.max_length",
     "elias (stage 1).max_length", "elias (stage 2).max_length",
 }
-#: the sections compared with their class (ELIAS: :func:`_elias_stage`).  Not here: `cluster` and
-#: `parabel` (their stages take flags, no Params class)
+#: the sections compared with their class (ELIAS: :func:`_elias_stage`), every section a parameter class reads
+#: (tests/test_settings_source.py's SECTIONS).  Not here: `cluster` and `parabel` (their stages take flags, no
+#: Params class)
 DEFAULTS_SECTIONS = [("xr_linear", XRLinearParams), ("xtransformer.matcher", MatcherParams),
                      ("xtransformer.ranker", "xmc_steps.xtransformer:XTransformerRankerParams"),
+                     ("elias.plus", "xmc_steps.elias_plus:EliasPlusParams"),
                      ("lightxml", "xmc_steps.lightxml:LightXMLParams"), ("gudn", "xmc_steps.gudn:GUDNParams")]
 
 
@@ -167,3 +171,36 @@ def _elias_stage(el: dict, stage: int) -> tuple[dict, EliasParams]:
     d = EliasParams()
     d = dataclasses.replace(d, train=dataclasses.replace(d.train, epochs=epochs), **sd)
     return given, d
+
+
+# --------------------------------------------------------------------------- declared choices and bounds
+
+
+@dataclass
+class _Declared(Params):
+    kind: Literal["a", "b+c"] = "a"
+    width: Literal[2, 4] | None = None
+    rate: float | None = bounded(0.1, gt=0, le=1)
+    count: int = bounded(1, ge=1)
+    _what = "declared parameter"
+
+    def __post_init__(self) -> None:       # runs after the declared checks
+        if self.kind == "b+c" and self.width is None:
+            raise ValueError("b+c needs a width")
+
+
+def test_choices_and_bounds_are_declared_on_the_fields_and_checked_on_every_construction():
+    assert _Declared.from_dict({"kind": "b+c", "width": "4", "rate": "1", "count": 3.0}) == _Declared("b+c", 4, 1.0, 3)
+    assert _Declared(rate=None).rate is None                                  # None is not bounded
+    assert choices(typing.get_type_hints(_Declared)["width"]) == (2, 4)
+    assert regex(Literal["tfn", "tfn+man"]) == r"tfn|tfn\+man"
+    for d, message in [({"kind": "c"}, "declared parameter kind must be one of a, b\\+c, got 'c'"),
+                       ({"width": 3}, "declared parameter width must be one of 2, 4, got 3"),
+                       ({"width": True}, "declared parameter width must be one of 2, 4, got True"),
+                       ({"rate": 0}, r"declared parameter rate must be in \(0, 1\], got 0"),
+                       ({"count": 0}, "declared parameter count must be >= 1, got 0"),
+                       ({"kind": "b+c"}, "b\\+c needs a width")]:
+        with pytest.raises(ValueError, match=message):
+            _Declared.from_dict(d)
+        with pytest.raises(ValueError, match=message):
+            _Declared(**d)

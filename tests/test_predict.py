@@ -1,4 +1,4 @@
-"""`python -m xmc_steps.predict`: new text through a trained target, as its stages score the test split."""
+"""`python -m xmc_steps.stages.predict`: new text through a trained target, as its stages score the test split."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from xmc_steps import io, layout
-from xmc_steps import predict as xp
+from xmc_steps import io, registry
+from xmc_steps import serving as xp
+from xmc_steps.stages import predict as predict_stage
 
 
 def test_read_texts_names_file_and_line():
@@ -29,24 +30,21 @@ def test_incomplete_model_folder_is_named(tmp_path):
 
 
 def test_cli_errors_name_the_problem(tmp_path, capsys, monkeypatch):
-    assert xp.main(["--model", str(tmp_path / "results" / "toy" / "lightxml")]) == 2
+    assert predict_stage.main(["--model", str(tmp_path / "results" / "toy" / "lightxml")]) == 2
     assert "incomplete model folder" in capsys.readouterr().err
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert xp.main(["--model", str(tmp_path / "results" / "toy" / "lightxml"), "--device", "cuda"]) == 2
+    assert predict_stage.main(["--model", str(tmp_path / "results" / "toy" / "lightxml"), "--device", "cuda"]) == 2
     assert "--device cuda: device 'cuda' requested but CUDA is not available" in capsys.readouterr().err
-    assert xp.main(["--model", "x", "--top-k", "0"]) == 2
+    assert predict_stage.main(["--model", "x", "--top-k", "0"]) == 2
 
 
 def _stored(tmp, method: str):
     """The DAG's test predictions of a target (CSR) and its test texts."""
     res = str(tmp / "results")
     settings = io.read_json(tmp / "results" / "toy" / "config" / f"{method}.json")["settings"]
-    base, variant = layout.split_method(method)
-    path = {"xtransformer": layout.xt_predictions, "elias": layout.elias_predictions,
-            "lightxml": layout.lightxml_predictions, "gudn": layout.gudn_predictions}.get(base)
-    path = path(res, "toy", settings, variant) if path else layout.at(res, layout.METHOD, dataset="toy", method=method) + "/predictions_test.parquet"
+    path = registry.get(method).predictions(res, "toy", settings, registry.split_method(method)[1])
     L = io.read_table(tmp / "results" / "toy" / "ingest" / "labels.parquet", ["label_id"]).num_rows
     texts = io.read_table(tmp / "results" / "toy" / "ingest" / "docs_test.parquet", ["text"]).column("text").to_pylist()
     return io.read_predictions(path, L), texts
@@ -80,7 +78,7 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
     src = toy_linear_run / "texts.txt"
     src.write_text("aw1 aw2 aw3 bw0 common filler\nhw1 hw2 hw3 hw4\n")
     out = toy_linear_run / "top.jsonl"
-    r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/xr-linear"),
+    r = subprocess.run([sys.executable, "-m", "xmc_steps.stages.predict", "--model", str(toy_linear_run / "results/toy/xr-linear"),
                         "--top-k", "2", "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0, r.stderr
@@ -91,7 +89,7 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
     # bad input: a clear error naming the line; nothing written
     src.write_bytes(b"aw1\n\xff\xfe\n")
     out.unlink()
-    r = subprocess.run([sys.executable, "-m", "xmc_steps.predict", "--model", str(toy_linear_run / "results/toy/parabel"),
+    r = subprocess.run([sys.executable, "-m", "xmc_steps.stages.predict", "--model", str(toy_linear_run / "results/toy/parabel"),
                         "--input", str(src), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 2 and f"{src}, line 2: not UTF-8" in r.stderr and not out.exists()
 
@@ -121,7 +119,11 @@ def _fake_target(tmp_path, monkeypatch, noisy: bool):
         n = len(f.texts)
         return sp.csr_matrix(np.tile(np.array([[0.9, 0.5, 0.1]], np.float32), (n, 1)))
 
-    monkeypatch.setitem(xp.PREDICTORS, "fake", fake)
+    from xmc_steps import methods, registry
+
+    spec = methods.MethodSpec(name="fake", section="fake", sections=(), predictions=lambda *a: "", records=lambda *a: [],
+                              predictor=fake, rules="")
+    monkeypatch.setitem(registry.METHODS, "fake", spec)
     return res / "toy" / "fake"
 
 
@@ -135,7 +137,7 @@ class _Stdin:
 def test_stdout_carries_only_the_answers_when_native_code_prints(tmp_path, monkeypatch, capfd):
     model = _fake_target(tmp_path, monkeypatch, noisy=True)
     monkeypatch.setattr(sys, "stdin", _Stdin(b"first text\nsecond text\n"))
-    assert xp.main(["--model", str(model), "--top-k", "2", "--batch-size", "1"]) == 0
+    assert predict_stage.main(["--model", str(model), "--top-k", "2", "--batch-size", "1"]) == 0
     out, err = capfd.readouterr()
     rows = [json.loads(x) for x in out.splitlines()]            # every stdout line is an answer
     assert [r["line"] for r in rows] == [1, 2] and rows[0]["labels"][0] == {"label": "a", "name": "A", "score": 0.9}
@@ -147,19 +149,19 @@ def test_ids_with_stdin_input_are_counted_before_anything_is_printed(tmp_path, m
     ids = tmp_path / "ids.txt"
     ids.write_bytes(b"\xef\xbb\xbfdoc-1\n")                     # a byte-order mark is not part of the id
     monkeypatch.setattr(sys, "stdin", _Stdin(b"one\ntwo\nthree\n"))
-    assert xp.main(["--model", str(model), "--ids", str(ids)]) == 2
+    assert predict_stage.main(["--model", str(model), "--ids", str(ids)]) == 2
     out, err = capfd.readouterr()
     assert out == "" and "Traceback" not in err
     assert f"error: --ids {ids} has 1 lines, the input 3: one id per text, in order" in err
     # the same message as with --input FILE
     src = tmp_path / "in.txt"
     src.write_bytes(b"one\ntwo\nthree\n")
-    assert xp.main(["--model", str(model), "--ids", str(ids), "--input", str(src)]) == 2
+    assert predict_stage.main(["--model", str(model), "--ids", str(ids), "--input", str(src)]) == 2
     assert f"error: --ids {ids} has 1 lines, the input 3: one id per text, in order" in capfd.readouterr().err
     # as many ids as lines: each answer carries its id
     ids.write_bytes(b"\xef\xbb\xbfdoc-1\ndoc-2\ndoc-3\n")
     monkeypatch.setattr(sys, "stdin", _Stdin(b"\xef\xbb\xbfone\ntwo\nthree\n"))
-    assert xp.main(["--model", str(model), "--ids", str(ids), "--top-k", "1"]) == 0
+    assert predict_stage.main(["--model", str(model), "--ids", str(ids), "--top-k", "1"]) == 0
     rows = [json.loads(x) for x in capfd.readouterr().out.splitlines()]
     assert [(r["line"], r["id"]) for r in rows] == [(1, "doc-1"), (2, "doc-2"), (3, "doc-3")]
 

@@ -1,4 +1,4 @@
-"""Tests of the debtags dataset builder (xmc_steps.prepare_debtags).
+"""Tests of the debtags dataset builder (xmc_steps.stages.prepare_debtags).
 
 Unit tests run on small hand-written Packages / Translation-en / vocabulary texts.
 The integration test (marked ``network``) fetches the real bookworm index and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from xmc_steps import prepare_debtags as pd
+from xmc_steps.stages import prepare_debtags as pd
 from xmc_steps.errors import StageError
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmc_steps import cluster, io, label_embedding, resources, xr_linear
+from xmc_steps import io, resources, xr_linear
 from xmc_steps.cluster_tree import hierarchical_kmeans
 from xmc_steps.errors import StageError
+from xmc_steps.stages import cluster, label_embedding
+from xmc_steps.stages import xr_linear as xr_linear_stage
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_the_clustering_and_xr_linear_stages_refuse_too(tmp_path, tiny_memory):
                               params="{}", no_tracking=True, dataset="", method="", rule="", config_hash="",
                               phase=None, threads=None)
     with pytest.raises(StageError, match=r"xr-linear training .* change xr_linear\.beam"):
-        xr_linear._train_cli(args)
+        xr_linear_stage._train_cli(args)
     assert not (tmp_path / "model").exists()
 
 
@@ -140,10 +142,10 @@ def test_estimates_follow_the_shapes():
 
 
 def test_the_neural_estimates_grow_with_their_settings():
-    from xmc_steps import matcher, xtransformer
+    from xmc_steps import xtransformer
 
-    assert matcher.matcher_bytes(10_000, 384, 8192, 32) > matcher.matcher_bytes(10_000, 384, 64, 32)
+    assert xtransformer.matcher_bytes(10_000, 384, 8192, 32) > xtransformer.matcher_bytes(10_000, 384, 64, 32)
     # the K x d head with gradient and two moments, at least
-    assert matcher.matcher_bytes(0, 384, 8192, 0) >= 4 * 8192 * 384 * 4
+    assert xtransformer.matcher_bytes(0, 384, 8192, 0) >= 4 * 8192 * 384 * 4
     assert xtransformer.ranker_bytes(10_000, 50_000, 384, 5000) > xtransformer.ranker_bytes(10_000, 50_000, 0, 5000)
     assert xtransformer.ranker_bytes(10_000, 50_000, 0, 0, topk=100) > xtransformer.ranker_bytes(10_000, 50_000, 0, 0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from xmc_steps import synth
+from xmc_steps.stages import synth as synth_stage
 from xmc_steps.datasets import locate
 
 
@@ -15,7 +16,7 @@ def _lines(p):
 
 def test_wiki500k_shape_at_a_small_fraction(tmp_path):
     out = tmp_path / "wiki500k-tiny"
-    synth.main(["--shape", "wiki500k", "--fraction", "0.0003", "--out", str(out), "--seed", "3"])
+    synth_stage.main(["--shape", "wiki500k", "--fraction", "0.0003", "--out", str(out), "--seed", "3"])
     info = json.loads((out / "synth.json").read_text())
     ids, texts = _lines(out / "label_ids.txt"), _lines(out / "label_texts.txt")
     assert len(ids) == len(texts) == 501_070 and len(set(ids)) == len(ids)       # every label, whatever the fraction

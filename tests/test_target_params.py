@@ -7,6 +7,7 @@ import yaml
 from conftest import ROOT
 from xmc_steps import config as xcfg
 from xmc_steps import target_params as tp
+from xmc_steps.methods import train_length
 
 METHODS = ["xr-linear", "parabel", "xtransformer", "xtransformer-tfidf-tfn", "xtransformer-ensemble-indexing",
            "elias", "elias-stage1", "elias-ensemble", "lightxml", "lightxml-static", "lightxml-ensemble",
@@ -50,5 +51,5 @@ def test_concepts_read_each_methods_own_keys():
 
 
 def test_fixed_step_count_is_named():
-    assert tp._epochs({"steps": 300, "epochs": 5.0}) == "300 steps"
-    assert tp._epochs({"epochs": 2.0}) == "2.0"
+    assert train_length({"steps": 300, "epochs": 5.0}) == "300 steps"
+    assert train_length({"epochs": 2.0}) == "2.0"

@@ -7,10 +7,10 @@ import pytest
 
 from conftest import write_raw_dataset
 from xmc_steps import config, encoders, io
-from xmc_steps.ingest import main as ingest_main
+from xmc_steps.stages.ingest import main as ingest_main
 from xmc_steps.errors import StageError
-from xmc_steps.tfidf import main as tfidf_main
-from xmc_steps.tokenize import main as tokenize_main
+from xmc_steps.stages.tfidf import main as tfidf_main
+from xmc_steps.stages.tokenize import main as tokenize_main
 
 SETTINGS = config.dataset_settings(config.load(config.SCHEMA_PATH.parents[2] / "config.yaml"), "x")
 

@@ -331,7 +331,7 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     One thread per job lets two tiny jobs run at once.  Covered elsewhere, so not run here: the
     elias-stage1 target (tests/test_slurm.py runs it locally and under SLURM) and the plan of an
     X-Transformer ensemble over indexings (test_wiki500k_elias_paper_plan_has_gpu_training_rules);
-    both ensembles run the same ``xmc_steps.ensemble`` stage, which elias-ensemble runs here.
+    both ensembles run the same ``xmc_steps.stages.ensemble`` stage, which elias-ensemble runs here.
     """
     tmp_path, targets = neural_toy_run, NEURAL_TARGETS
     for t in targets:

@@ -14,7 +14,8 @@ from xmc_steps.cluster_tree import ClusterTree, hierarchical_kmeans
 from xmc_steps.label_embedding import pifa
 from xmc_steps.ranker import RankerParams, append_bias
 from xmc_steps.search import beam_search, masked_product, topk_per_row, transform
-from xmc_steps.xr_linear import XRLinearModel, XRLinearParams, main as xr_main
+from xmc_steps.stages.xr_linear import main as xr_main
+from xmc_steps.xr_linear import XRLinearModel, XRLinearParams
 
 DEBTAGS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"
 

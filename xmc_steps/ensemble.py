@@ -14,21 +14,14 @@ different models are not on one scale, so the combination is configurable:
 
 The result keeps the top ``topk`` labels per document; ties go to the lower label index.
 
-CLI::
-
-    python -m xmc_steps.ensemble --predictions a.parquet b.parquet ... --n-labels L \\
-        --out predictions.parquet --params '{"method": "average", "topk": 100}'
+The stage that writes an ensemble's prediction table is :mod:`xmc_steps.stages.ensemble`.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import scipy.sparse as sp
 
-from . import io
-from .stage import StageError, add_common_args, cli_main, stage_run
 from .search import topk_per_row
 
 METHODS = ("average", "rank-average", "softmax-average", "sigmoid-average")
@@ -82,28 +75,3 @@ def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 1
         out = out + m
     out = out.multiply(np.float32(1.0 / len(members))).tocsr()
     return topk_per_row(out, topk)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m xmc_steps.ensemble", description=__doc__.splitlines()[0])
-    ap.add_argument("--predictions", nargs="+", required=True, help="member prediction tables")
-    ap.add_argument("--label-table", required=True, help="the ingest stage's labels.parquet (gives L)")
-    ap.add_argument("--out", required=True)
-    add_common_args(ap)
-    args = ap.parse_args(argv)
-    with stage_run("ensemble", args, outputs=[args.out]) as st:
-        method = st.params.get("method", "average")
-        topk = int(st.params.get("topk", 100))
-        L = io.read_table(args.label_table, ["label_id"]).num_rows
-        members = [io.read_predictions(p, L) for p in args.predictions]
-        try:
-            P = combine(members, method, topk)
-        except ValueError as e:
-            raise StageError(str(e)) from e
-        io.write_predictions(args.out, P, topk)
-        st.metric("n_members", len(members))
-        st.output("predictions", args.out)
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli_main(main))

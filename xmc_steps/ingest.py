@@ -1,4 +1,5 @@
-"""Ingest stage: a dataset folder -> documents and labels as Parquet, label matrices as NPZ.
+"""Ingest: a dataset folder -> documents and labels as Parquet, label matrices as NPZ (:func:`ingest`;
+the stage is :mod:`xmc_steps.stages.ingest`).
 
 Outputs (in ``--out``, a folder):
 
@@ -28,7 +29,6 @@ The validation split is carved from train with ``split.seed`` and ``split.valid_
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import io
-from .datasets import DatasetFiles, locate
-from .stage import StageError, add_common_args, cli_main, stage_run
+from .datasets import DatasetFiles
+from .errors import StageError
+from .layout import LABELS
 
 
 def read_lines(path: Path, errors: str = "strict") -> tuple[list[str], int]:
@@ -283,7 +284,7 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
                                   "label_occurrences": int(Y.nnz), "labels_used": int((Y.getnnz(axis=0) > 0).sum())}
         log.info("%s: %d documents, %d empty, %d without labels", name, len(idx), n_empty, n_nolab)
     freq = np.asarray(Ys["train"].getnnz(axis=0) + Ys["valid"].getnnz(axis=0), dtype=np.int64)
-    io.write_table(out / "labels.parquet", {
+    io.write_table(out / LABELS, {
         "label_id": label_ids,
         "label_text": [names.get(x, x) for x in label_ids],
         "train_freq": freq,
@@ -298,33 +299,4 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
     return report
 
 
-OUTPUT_NAMES = [f"{k}_{s}.{e}" for k, e in (("docs", "parquet"), ("Y", "npz")) for s in ("train", "valid", "test")] + ["labels.parquet", "ingest.json"]
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m xmc_steps.ingest", description=__doc__.splitlines()[0])
-    p.add_argument("--name", required=True, help="dataset name")
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--path", default=None, help="dataset folder (default: found by name under --data-dir)")
-    p.add_argument("--layout", choices=["raw", "bow"], default=None)
-    p.add_argument("--out", required=True, help="output folder")
-    add_common_args(p)
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    outputs = [str(out / n) for n in OUTPUT_NAMES] + [str(out / f"X_bow_{s}.npz") for s in ("train", "valid", "test")]
-    with stage_run("ingest", args, outputs=outputs) as st:
-        files = locate(args.name, args.data_dir, args.path, args.layout)
-        st.log.info("dataset %s: %s layout in %s", args.name, files.layout, files.folder)
-        report = ingest(files, st.params, out, st.log)
-        for s, r in report["splits"].items():
-            st.metric(f"{s}_docs", r["docs"])
-            st.metric(f"{s}_docs_without_labels", r["docs_without_labels"])
-            st.metric(f"{s}_empty_docs", r["empty_docs"])
-        st.metric("n_labels", report["n_labels"])
-        st.extra["report"] = report
-        for n in OUTPUT_NAMES:
-            st.output(n, out / n)
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli_main(main))
+OUTPUT_NAMES = [f"{k}_{s}.{e}" for k, e in (("docs", "parquet"), ("Y", "npz")) for s in ("train", "valid", "test")] + [LABELS, "ingest.json"]

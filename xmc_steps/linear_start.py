@@ -7,7 +7,7 @@ every output towards "negative"; the encoder's gradients are then noise and the 
 the label priors (the X-Transformer matcher at K = 2,048, LightXML on debtags).  Starting the head
 from the closed-form ridge solution on the encoder's own features (XR-Transformer's "linear
 bootstrap", the first half of linear-probe-then-fine-tune) gives fine-tuning a head that already
-ranks.  Used by :mod:`xmc_steps.matcher` (``head_init: linear``) and :mod:`xmc_steps.lightxml`
+ranks.  Used by :mod:`xmc_steps.xtransformer.matcher` (``head_init: linear``) and :mod:`xmc_steps.lightxml`
 (``head_init: linear``).
 """
 

@@ -6,7 +6,7 @@ X-Transformer §3.4.  With ``Y`` (``N x L`` 0/1) and a label-to-cluster matrix `
 * ``tfn(Y, C)``: ``M = YC`` binarised, the instance-to-cluster mask of the ground truth;
 * ``man(M_hat)``: the matcher's top-b cluster predictions (``N x K``, any scores)
   binarised;
-* ``combine(kind, Y, C, M_hat)``: ``kind`` in ``{"tfn", "man", "tfn+man"}``
+* ``combine(kind, Y, C, M_hat)``: ``kind`` one of :data:`NegativeKind` (``tfn``, ``man``, ``tfn+man``)
   (``M' = YC + M_hat`` binarised for the combination);
 * ``label_instance_mask(M, C, Y)``: ``N x L`` mask of the (instance, label) pairs a
   ranker trains on: instance ``i`` for label ``l`` iff ``M[i, cluster(l)]``, plus every
@@ -19,10 +19,16 @@ Shared by xr-linear, X-Transformer, ELIAS++ and the other ranker users.
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import scipy.sparse as sp
 
-KINDS = ("tfn", "man", "tfn+man")
+from .params import NegativeKind, check_choice
+
+#: the methods' ``negatives`` setting: :data:`NegativeKind` (declared in xmc_steps.params with the other
+#: choices that name a part of an artifact path, the rules' ``{neg}``)
+KINDS: tuple[str, ...] = typing.get_args(NegativeKind)
 
 
 def binarize(m: sp.spmatrix) -> sp.csr_matrix:
@@ -58,14 +64,13 @@ def man(pred_cluster_topb: sp.spmatrix) -> sp.csr_matrix:
     return binarize(pred_cluster_topb)
 
 
-def check_kind(kind: str) -> None:
+def check_kind(kind: NegativeKind) -> None:
     """``ValueError`` unless ``kind`` is one of :data:`KINDS` (the methods' ``negatives`` setting)."""
-    if kind not in KINDS:
-        raise ValueError(f"negatives must be one of {KINDS}, got {kind!r}")
+    check_choice(kind, NegativeKind, "negatives")
 
 
-def combine(kind: str, Y: sp.spmatrix, C, M_hat: sp.spmatrix | None = None) -> sp.csr_matrix:
-    """Instance-to-cluster training mask for ``kind`` in ``"tfn"``, ``"man"``, ``"tfn+man"``."""
+def combine(kind: NegativeKind, Y: sp.spmatrix, C, M_hat: sp.spmatrix | None = None) -> sp.csr_matrix:
+    """Instance-to-cluster training mask for ``kind`` (:data:`NegativeKind`)."""
     check_kind(kind)
     if kind == "tfn":
         return tfn(Y, C)

@@ -21,13 +21,13 @@ One code path for CPU and CUDA:
     X-Transformer matcher uses.  The summary token is the first one (BERT's [CLS],
     RoBERTa's <s>) except for the architectures in :data:`SUMMARY_TOKEN_LAST` (XLNet),
     whose tokenizer appends ``<sep> <cls>`` after the text: there it is the last real
-    token of each row (rows are right-padded by :mod:`xmc_steps.tokenize`, so its position
+    token of each row (rows are right-padded by :mod:`xmc_steps.stages.tokenize`, so its position
     is ``length - 1``), as XLNet's own sequence summary ("last") reads it;
   - ``"mean"``: the attention-masked mean of the last layer's token states;
   - ``"cls-concat-last-k"``: the summary-token states of the last ``k`` layers concatenated,
     last layer first (LightXML / GUDN, ``k = 5`` there); width ``k * hidden``.
 
-* :class:`TokenData` — a ``tokens_{split}.npz`` of :mod:`xmc_steps.tokenize`
+* :class:`TokenData` — a ``tokens_{split}.npz`` of :mod:`xmc_steps.stages.tokenize`
   (``input_ids`` int32 N x max_len, ``lengths``) served as batches of LongTensors
   trimmed to the longest sequence in the batch.
 * :func:`embed` — batched inference of an encoder over a :class:`TokenData`
@@ -46,15 +46,22 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+import typing
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import encoders, io
+from .params import check_choice
 
-POOLINGS = ("cls", "mean", "cls-concat-last-k")
+#: :class:`TextEncoder`'s poolings (the module docstring): the neural stages' ``pooling`` setting
+Pooling = Literal["cls", "mean", "cls-concat-last-k"]
+POOLINGS: tuple[str, ...] = typing.get_args(Pooling)
+#: the neural stages' ``amp`` setting (:func:`amp_dtype`; the functions also take ``fp32``, ``none``,
+#: ``false`` ... for ``off`` and ``true`` for ``auto``)
+Amp = Literal["auto", "bf16", "fp16", "off"]
 SUMMARY_TOKEN_LAST = frozenset({"xlnet"})     # model types whose summary token ends the sequence
 _NO_AMP = {"off", "none", "fp32", "false", "no", "0", ""}
 _AMP_ON = {"auto", "bf16", "fp16", "true", "1"}
@@ -80,7 +87,7 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
 def check_amp(amp: str | bool | None) -> None:
     """A ``ValueError`` unless ``amp`` is one of the accepted precision settings."""
     if str(amp).lower() not in _NO_AMP | _AMP_ON:
-        raise ValueError(f"amp must be one of auto, bf16, fp16, off; got {amp!r}")
+        check_choice(amp, Amp, "amp")
 
 
 @functools.cache
@@ -110,7 +117,8 @@ def amp_dtype(device: torch.device, amp: str | bool | None = "auto") -> torch.dt
         return torch.float16
     if a in ("auto", "bf16", "true", "1"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    raise ValueError(f"amp must be one of auto, bf16, fp16, off; got {amp!r}")
+    check_choice(amp, Amp, "amp")       # raises: not a precision setting
+    return None
 
 
 def autocast_context(device: torch.device | str, amp: str | bool | None = "auto"):
@@ -181,8 +189,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel
 
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
+        check_choice(pooling, Pooling, "pooling")
         path = encoders.resolve(name)
         self.name, self.path, self.pooling = name, str(path), pooling
         config = AutoConfig.from_pretrained(str(path))
@@ -268,7 +275,7 @@ def check_tokens(encoder: str, tokens: Mapping[str, "TokenData"], max_length: in
 
 
 class TokenData:
-    """Token ids of one split (``tokens_{split}.npz`` of :mod:`xmc_steps.tokenize`)."""
+    """Token ids of one split (``tokens_{split}.npz`` of :mod:`xmc_steps.stages.tokenize`)."""
 
     def __init__(self, input_ids: np.ndarray, lengths: np.ndarray):
         input_ids = np.asarray(input_ids)

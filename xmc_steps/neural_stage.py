@@ -27,12 +27,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from . import io, neural
+from . import io, layout, neural
 from .errors import StageError
 
 
 def load_tokens(tokens_dir: str | os.PathLike, splits: Iterable[str]) -> dict[str, neural.TokenData]:
-    """``tokens_{split}.npz`` of each split (:mod:`xmc_steps.tokenize`); a file that cannot be read is a
+    """``tokens_{split}.npz`` of each split (:mod:`xmc_steps.stages.tokenize`); a file that cannot be read is a
     :class:`StageError` naming it."""
     out = {}
     for s in splits:
@@ -83,12 +83,12 @@ def save_trained(st, out: Path, model: nn.Module, json_name: str, meta: Mapping[
     """``out/model.safetensors`` and ``out/<json_name>`` (the model's description), both atomic, as
     the stage's outputs ``model`` and ``<json stem>_json``; ``model_bytes`` as a metric."""
     out = Path(out)
-    neural.save_model(model, out / "model.safetensors", metadata={"format": fmt})
+    neural.save_model(model, out / layout.WEIGHTS, metadata={"format": fmt})
     io.write_json(out / json_name, dict(meta))
-    st.output("model", out / "model.safetensors")
+    st.output("model", out / layout.WEIGHTS)
     st.output(f"{Path(json_name).stem}_json", out / json_name)
-    st.extra["model_paths"] = [str(out / "model.safetensors"), str(out / json_name)]
-    st.metric("model_bytes", (out / "model.safetensors").stat().st_size)
+    st.extra["model_paths"] = [str(out / layout.WEIGHTS), str(out / json_name)]
+    st.metric("model_bytes", (out / layout.WEIGHTS).stat().st_size)
 
 
 def load_trained(folder: str | os.PathLike, json_name: str, fmt: str,
@@ -103,7 +103,7 @@ def load_trained(folder: str | os.PathLike, json_name: str, fmt: str,
         raise ValueError(f"{folder}/{json_name}: unknown format {meta.get('format')!r}")
     enc = neural.TextEncoder(meta["encoder"], pooling=meta["pooling"], last_k=meta["last_k"], pretrained=False)
     model = build(enc, meta)
-    neural.load_model(model, folder / "model.safetensors")
+    neural.load_model(model, folder / layout.WEIGHTS)
     return model.to(neural.resolve_device(device))
 
 

@@ -8,20 +8,116 @@ converts each value to its field's annotated type (:func:`convert`): ``int``, ``
 is declared and a mistyped value is an error naming the parameter.  A mapping for a field
 whose default is a parameter object changes only the keys it names; the others keep that
 default (``train: {epochs: 5}`` keeps the matcher's own warm-up and learning rate).
+
+Choices and bounds are declared once, on the fields: a ``Literal[...]`` annotation lists a
+setting's choices (:func:`choices`), and :func:`bounded` puts its numeric bounds in the field's
+metadata under the JSON Schema keywords (``minimum``, ``exclusiveMinimum``, ``maximum``,
+``exclusiveMaximum``).  Every construction checks them (:meth:`Params.check_fields`, before the
+class's own ``__post_init__``), with an error naming the parameter ("LightXML parameter dropout
+must be in [0, 1), got 1.5"; "... head_init must be one of random, linear, got 'x'"), and the
+configuration schema states the same ones (tests/test_settings_source.py keeps the two equal).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import types
 import typing
-from dataclasses import MISSING, asdict, fields
-from typing import Any, ClassVar, Mapping, TypeVar
+from dataclasses import MISSING, Field, asdict, field, fields, is_dataclass
+from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 T = TypeVar("T", bound="Params")
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
+
+# --------------------------------------------------------------------------- choices and bounds
+
+# The choices of the settings that name a part of an artifact path (a wildcard of the rules).  They
+# are declared here, in a module without heavy imports, so that workflow/rules/common.smk builds its
+# wildcard constraints from them without importing torch; the parameter classes annotate their
+# fields with them (xmc_steps.negatives re-exports NegativeKind).
+#: the instances each cluster's rankers train on (X-Transformer §3.4): ``{neg}``
+NegativeKind = Literal["tfn", "man", "tfn+man"]
+#: the X-Transformer rankers' features: ``{rin}``
+RankerInput = Literal["tfidf", "tfidf+neural"]
+#: the clusters Eq. 2 scores: the matcher's top-b (the paper), with the linear tree's, or the tree's: ``{cand}``
+Candidates = Literal["matcher", "union", "linear"]
+#: how Eq. 2 combines the matcher's and the rankers' scores: ``{comb}``
+Combiner = Literal["product", "ranker", "mean"]
+#: LightXML's negative labels: re-drawn from the generator at every step, or drawn once: ``{sampling}``
+Sampling = Literal["dynamic", "static"]
+
+#: the bound keywords of a field's metadata (JSON Schema's, so the schema states them the same way)
+BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+
+
+def choices(typ: Any) -> tuple | None:
+    """The choices of a ``Literal[...]`` type (also of ``Literal[...] | None``), else ``None``."""
+    if typing.get_origin(typ) is Literal:
+        return typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        arms = [choices(a) for a in typing.get_args(typ) if a is not type(None)]
+        if len(arms) == 1:
+            return arms[0]
+    return None
+
+
+def regex(options: Any) -> str:
+    """A regular expression matching exactly one of ``options`` (a ``Literal`` type or a sequence):
+    the wildcard constraint of a setting that names a part of a path."""
+    opts = choices(options)
+    return "|".join(re.escape(str(o)) for o in (opts if opts is not None else options))
+
+
+def is_choice(value: Any, options: tuple) -> bool:
+    """``value`` is one of ``options`` (of the same type: ``True`` is not the choice ``1``)."""
+    return any(value == o and type(value) is type(o) for o in options)
+
+
+def check_choice(value: Any, options: Any, what: str) -> None:
+    """``ValueError`` "<what> must be one of <options>, got <value>" unless ``value`` is one of
+    ``options`` (a ``Literal`` type or a tuple)."""
+    opts = choices(options)
+    opts = tuple(options) if opts is None else opts
+    if not is_choice(value, opts):
+        raise ValueError(f"{what} must be one of {', '.join(map(str, opts))}, got {value!r}")
+
+
+def bounded(default: Any = MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, default_factory: Any = MISSING) -> Any:
+    """A dataclass field whose value (unless ``None``) must be ``>= ge``, ``> gt``, ``<= le``, ``< lt``:
+    ``dropout: float = bounded(0.1, ge=0, lt=1)``.  The bounds are the field's metadata under the
+    JSON Schema keywords (:data:`BOUNDS`); :meth:`Params.check_fields` checks them."""
+    meta = {k: v for k, v in zip(BOUNDS, (ge, gt, le, lt)) if v is not None}
+    return field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def bounds(f: Field) -> dict[str, float]:
+    """The bounds a field declares (:func:`bounded`), by JSON Schema keyword."""
+    return {k: f.metadata[k] for k in BOUNDS if k in f.metadata}
+
+
+def describe_bounds(b: Mapping[str, float]) -> str:
+    """``>= 1``, ``> 0``, ``in [0, 1)``: what a value within the bounds ``b`` is."""
+    lo = ("[", b["minimum"]) if "minimum" in b else ("(", b["exclusiveMinimum"]) if "exclusiveMinimum" in b else None
+    hi = ("]", b["maximum"]) if "maximum" in b else (")", b["exclusiveMaximum"]) if "exclusiveMaximum" in b else None
+    if lo and hi:
+        return f"in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
+    if lo:
+        return f"{'>=' if lo[0] == '[' else '>'} {lo[1]}"
+    return f"{'<=' if hi[0] == ']' else '<'} {hi[1]}" if hi else "any number"
+
+
+def within(value: Any, b: Mapping[str, float]) -> bool:
+    """``value`` lies within the bounds ``b``."""
+    return not (("minimum" in b and value < b["minimum"])
+                or ("exclusiveMinimum" in b and value <= b["exclusiveMinimum"])
+                or ("maximum" in b and value > b["maximum"])
+                or ("exclusiveMaximum" in b and value >= b["exclusiveMaximum"]))
+
 
 
 def convert(value: Any, typ: Any, what: str) -> Any:
@@ -29,10 +125,23 @@ def convert(value: Any, typ: Any, what: str) -> Any:
 
     ``None`` passes unchanged (the dataclass's own checks decide whether it is allowed); an
     ``int`` field takes integral numbers only (``600.0`` but not ``0.5``); a ``bool`` takes
-    booleans, 0/1 and true/false/yes/no/on/off; other types (``Any``, ``dict``) pass as they are."""
+    booleans, 0/1 and true/false/yes/no/on/off; a ``Literal[...]`` one of its choices ("<what>
+    must be one of ..."); other types (``Any``, ``dict``) pass as they are."""
     if value is None:
         return None
     origin = typing.get_origin(typ)
+    if origin is Literal:
+        options = typing.get_args(typ)
+        for o in options:
+            if is_choice(value, (o,)):
+                return o
+            if not isinstance(o, str):      # a number given as a string (YAML, a command line)
+                try:
+                    if is_choice(convert(value, type(o), what), (o,)):
+                        return o
+                except ValueError:
+                    pass
+        check_choice(value, options, what)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(typ) if a is not type(None)]
         errors = []
@@ -103,6 +212,38 @@ class Params:
     _what = "parameter"
     _moved: ClassVar[Mapping[str, str]] = {}
 
+    def __post_init__(self) -> None:
+        self.check_fields()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``__post_init__`` runs after :meth:`check_fields`, so the declared
+        choices and bounds hold whenever its checks run, however the object was made."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None or getattr(own, "_checks_fields", False):
+            return
+
+        @functools.wraps(own)
+        def __post_init__(self: "Params", *args: Any, **kw: Any) -> None:
+            self.check_fields()
+            own(self, *args, **kw)
+
+        __post_init__._checks_fields = True  # type: ignore[attr-defined]
+        cls.__post_init__ = __post_init__  # type: ignore[method-assign]
+
+    def check_fields(self) -> None:
+        """``ValueError`` naming the first field whose value is not one of its ``Literal`` choices
+        or lies outside its bounds (:func:`bounded`); ``None`` passes (an optional field's type
+        says whether it may be ``None``)."""
+        for name, opts, b in _declared(type(self)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if opts is not None:
+                check_choice(value, opts, f"{self._what} {name}")
+            if b and not isinstance(value, bool) and isinstance(value, (int, float)) and not within(value, b):
+                raise ValueError(f"{self._what} {name} must be {describe_bounds(b)}, got {value}")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]
 
@@ -150,6 +291,23 @@ class Params:
     @classmethod
     def from_json(cls: type[T], s: str) -> T:
         return cls.from_dict(json.loads(s))
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[str, tuple | None, dict[str, float]], ...]:
+    """``(field name, Literal choices or None, bounds)`` of the fields of ``cls`` that declare either."""
+    if not is_dataclass(cls):
+        return ()
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):      # annotations naming what the module cannot see (a class made in a function)
+        hints = {}
+    out = []
+    for f in fields(cls):
+        opts, b = choices(hints.get(f.name)), bounds(f)
+        if opts is not None or b:
+            out.append((f.name, opts, b))
+    return tuple(out)
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

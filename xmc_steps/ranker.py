@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from .liblinear_direct import fit_ranker
-from .params import Params
+from .params import Params, bounded
 from .errors import StageError
 
 log = logging.getLogger("xmc.ranker")
@@ -50,29 +50,14 @@ class RankerParams(Params):
     ``elias.plus.solver``).  Which instances a ranker sees (the negatives) is not a solver
     setting: the method builds the instance mask and passes it to :func:`train_rankers`."""
 
-    C: float = 1.0  # inverse regularisation strength
-    threshold: float = 0.1  # weights with |w| < threshold are zeroed
-    tol: float = 0.1  # liblinear stopping tolerance
-    max_iter: int = 100  # liblinear max passes over the data
-    bias: float = 1.0  # value of the appended bias feature (0 disables the bias)
-    seed: int = 0  # liblinear shuffling seed
+    C: float = bounded(1.0, gt=0)  # inverse regularisation strength
+    threshold: float = bounded(0.1, ge=0)  # weights with |w| < threshold are zeroed
+    tol: float = bounded(0.1, gt=0)  # liblinear stopping tolerance
+    max_iter: int = bounded(100, ge=1)  # liblinear max passes over the data
+    bias: float = bounded(1.0, ge=0)  # value of the appended bias feature (0 disables the bias)
+    seed: int = bounded(0, ge=0)  # liblinear shuffling seed
 
     _what = "ranker solver parameter"
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        if self.C <= 0:
-            raise ValueError(f"ranker C must be > 0, got {self.C}")
-        if self.threshold < 0:
-            raise ValueError(f"ranker threshold must be >= 0, got {self.threshold}")
-        if self.tol <= 0:
-            raise ValueError(f"ranker tol must be > 0, got {self.tol}")
-        if self.max_iter < 1:
-            raise ValueError(f"ranker max_iter must be >= 1, got {self.max_iter}")
-        if self.bias < 0:
-            raise ValueError(f"ranker bias must be >= 0, got {self.bias}")
 
 
 def append_bias(X: sp.spmatrix, bias: float = 1.0) -> sp.csr_matrix:

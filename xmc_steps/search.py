@@ -15,7 +15,7 @@ Transforms: ``sigmoid``, ``l2-hinge`` = ``exp(-max(0, 1-z)^2)``, ``l3-hinge`` =
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,7 +23,10 @@ import scipy.sparse as sp
 from . import io
 from .errors import StageError
 
-TRANSFORMS = ("sigmoid", "l2-hinge", "l3-hinge", "identity")
+#: the score transforms a parameter class accepts (the ``transform`` of XR-Linear, the X-Transformer rankers
+#: and ELIAS++); :func:`transform` also takes ``identity``
+Transform = Literal["sigmoid", "l2-hinge", "l3-hinge"]
+TRANSFORMS = (*get_args(Transform), "identity")
 
 
 def transform(z: np.ndarray, kind: str = "l3-hinge") -> np.ndarray:

@@ -46,8 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import io, proc
+from . import clock, io, proc
 from .errors import StageError  # noqa: F401  (stages import it from here too)
+
+
+def add_neural_training_args(p: argparse.ArgumentParser, tree_help: str) -> argparse.ArgumentParser:
+    """The inputs of a neural training stage (ELIAS, LightXML, GUDN): token ids, label splits, the cluster
+    tree (``tree_help``: what the method reads of it) and the output folder."""
+    p.add_argument("--tokens-dir", required=True, help="folder with tokens_{train,valid}.npz")
+    p.add_argument("--labels-train", required=True, help="Y_train (.npz CSR N x L)")
+    p.add_argument("--labels-valid", required=True, help="Y_valid (.npz CSR)")
+    p.add_argument("--tree", help=f"cluster tree (.npz of the cluster stage, xmc_steps.stages.cluster): {tree_help}")
+    p.add_argument("--out", required=True, help="output folder")
+    return p
 
 
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -215,7 +226,8 @@ _RUNNING: list[StageContext] = []   # the stage this process is running (a stage
 
 def started_at() -> float | None:
     """``time.perf_counter()`` when the running stage began (``None`` outside :func:`stage_run`): a
-    trainer that resumes adds the wall time of the processes before it to this one's."""
+    trainer that resumes adds the wall time of the processes before it to this one's (it reads the
+    same from :func:`xmc_steps.clock.started_at`, where :func:`stage_run` registers it)."""
     return _RUNNING[-1].t0 if _RUNNING else None
 
 
@@ -237,6 +249,7 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
     io.remove_stale_temporaries(declared + ([record_path] if record_path else []), log=log)
     proc.guard_log(log)
     _RUNNING.append(ctx)
+    clock.stage_began(ctx.t0)
     try:
         yield ctx
     except BaseException as e:
@@ -248,6 +261,7 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
         raise
     finally:
         _RUNNING.remove(ctx)
+        clock.stage_ended(ctx.t0)
     wall = time.perf_counter() - ctx.t0
     record = {
         "stage": stage,

@@ -1,6 +1,6 @@
 """Synthetic data in the shape of a large benchmark, for scale tests on machines without it.
 
-    python -m xmc_steps.synth --shape wiki500k --fraction 0.02 --out data/wiki500k-f002 [--seed 0]
+    python -m xmc_steps.stages.synth --shape wiki500k --fraction 0.02 --out data/wiki500k-f002 [--seed 0]
 
 writes the AttentionXML raw-text layout (:mod:`xmc_steps.datasets`): ``train_texts.txt``,
 ``train_labels.txt``, ``test_texts.txt``, ``test_labels.txt``, ``label_ids.txt`` and
@@ -34,14 +34,13 @@ A generated set is deterministic for (shape, fraction, seed) and version of this
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .stage import StageError, cli_main
+from .errors import StageError
 
 FORMAT = "xmc-synth-1"
 
@@ -169,25 +168,3 @@ def write(shape: Shape, fraction: float, out: str | Path, seed: int = 0, progres
     info = {"format": FORMAT, "shape": asdict(shape), "fraction": fraction, "seed": seed, "written": counts}
     (out / "synth.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return info
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m xmc_steps.synth", description=__doc__.splitlines()[0])
-    p.add_argument("--shape", required=True, choices=sorted(SHAPES))
-    p.add_argument("--fraction", type=float, default=0.02, help="share of the real set's documents (labels: all)")
-    p.add_argument("--out", required=True, help="dataset folder, e.g. data/wiki500k-f002")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    last = {}
-
-    def progress(split, done, n):
-        if done == n or done - last.get(split, 0) >= max(1, n // 10):
-            last[split] = done
-            print(f"{split}: {done}/{n} documents", flush=True)
-
-    info = write(SHAPES[args.shape], args.fraction, args.out, args.seed, progress)
-    print(json.dumps(info["written"]))
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli_main(main))

@@ -1,4 +1,5 @@
-"""TF-IDF stage: documents -> L2-normalised sparse TF-IDF features (NPZ).
+"""TF-IDF: documents -> L2-normalised sparse TF-IDF features (the :mod:`xmc_steps.stages.tfidf` stage's
+library: the model, fitting and transforming).
 
 Fitted on the training documents only (train + valid: the validation split is carved
 from the upstream train file and TF-IDF is unsupervised; test never contributes to the
@@ -25,16 +26,14 @@ corpus frequency the alphabetically first are kept (scikit-learn's unstable sort
 that order unspecified).  Chunk and partition sizes are derived from the text size,
 so they need no setting and do not change the result.
 
-Outputs in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, sorted indices),
+Outputs of the stage in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, sorted indices),
 ``vocab.parquet`` (``term``, ``idf`` in feature-index order).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -42,10 +41,8 @@ from typing import Any, Iterable
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.preprocessing import normalize
 
 from . import io
-from .stage import StageError, add_common_args, cli_main, stage_run
 
 SPLITS = ("train", "valid", "test")
 CHUNK_BYTES = 16 << 20        # text per counting / transform chunk
@@ -137,7 +134,7 @@ class TfidfModel:
 
     def transform_few(self, texts: list[str]) -> sp.csr_matrix:
         """:meth:`transform_batches` of ``[texts]`` (the same bytes) without scikit-learn's per-call
-        checks: a few texts at a time, as a service or ``python -m xmc_steps.predict`` asks, where
+        checks: a few texts at a time, as a service or ``python -m xmc_steps.stages.predict`` asks, where
         those checks cost more than the counting (about 3 of 4 ms for one yso-finna-sv-50k text).
         The same steps as ``TfidfVectorizer.transform``: n-gram counts on the vocabulary, ``1 + log``
         of them (sublinear tf), times the idf (in float64, stored as float32), each row divided by its
@@ -258,7 +255,7 @@ def fit_transform(train_texts: list[str], other: dict[str, list[str]], params: d
     return model, out
 
 
-def _chunk_rows(paths: list[Path]) -> tuple[int, int]:
+def chunk_rows(paths: list[Path]) -> tuple[int, int]:
     """(documents per chunk, spill partitions) from the text size of the Parquet files."""
     rows = size = 0
     for p in paths:
@@ -266,52 +263,3 @@ def _chunk_rows(paths: list[Path]) -> tuple[int, int]:
         rows, size = rows + r, size + b
     per_doc = max(1.0, size / max(1, rows))
     return max(64, int(CHUNK_BYTES / per_doc)), max(1, math.ceil(size / PARTITION_BYTES))
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m xmc_steps.tfidf", description=__doc__.splitlines()[0])
-    p.add_argument("--ingest", required=True, help="the ingest stage's output folder")
-    p.add_argument("--out", required=True, help="output folder")
-    add_common_args(p)
-    args = p.parse_args(argv)
-    src, out = Path(args.ingest), Path(args.out)
-    names = [f"X_{s}.npz" for s in SPLITS] + ["vocab.parquet"]
-    with stage_run("tfidf", args, outputs=[str(out / n) for n in names]) as st:
-        if (src / "X_bow_train.npz").exists():
-            st.log.info("BoW dataset: L2-normalising the given features")
-            mats = {s: normalize(io.load_csr(src / f"X_bow_{s}.npz").astype(np.float32)) for s in SPLITS}
-            d = mats["train"].shape[1]
-            io.write_table(out / "vocab.parquet", {"term": [str(i) for i in range(d)], "idf": np.ones(d, np.float32)})
-        else:
-            files = {s: src / f"docs_{s}.parquet" for s in SPLITS}
-            out.mkdir(parents=True, exist_ok=True)
-            chunk, n_parts = _chunk_rows([files["train"], files["valid"]])
-
-            def batches(*splits):
-                for s in splits:
-                    yield from io.iter_column(files[s], "text", chunk)
-
-            st.log.info("fitting TF-IDF on the train+valid documents in chunks of %d documents, %d spill partition(s)",
-                        chunk, n_parts)
-            with st.timed("fit"):
-                try:
-                    model = fit_streaming(batches("train", "valid"), st.params, n_parts, spill_dir=out, log=st.log)
-                except ValueError as e:
-                    raise StageError(f"{files['train']}: {e}") from None
-            with st.timed("transform"):
-                mats = {s: model.transform_batches(batches(s)) for s in ("train", "valid")}
-            t0 = time.perf_counter()
-            mats["test"] = model.transform_batches(batches("test"))
-            st.online_cost(time.perf_counter() - t0, mats["test"].shape[0])
-            io.write_table(out / "vocab.parquet", {"term": model.terms.astype(str), "idf": model.idf.astype(np.float32)})
-        for s in SPLITS:
-            io.save_csr(out / f"X_{s}.npz", sp.csr_matrix(mats[s], dtype=np.float32))
-            st.metric(f"nnz_per_doc_{s}", mats[s].nnz / max(1, mats[s].shape[0]))
-        st.metric("n_features", mats["train"].shape[1])
-        st.log.info("%d features; %.1f non-zeros per train document", mats["train"].shape[1], st.metrics["nnz_per_doc_train"])
-        for n in names:
-            st.output(n, out / n)
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli_main(main))

@@ -87,9 +87,10 @@ import shutil
 import signal
 import threading
 import time
+import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 import numpy as np
 import torch
@@ -97,8 +98,9 @@ from torch import nn
 
 from .neural import (amp_dtype, autocast_context, check_amp, cpu_has_bf16, load_model, needs_grad_scaler,
                      resolve_device, save_model, to_device)
-from .params import Params
-from .stage import started_at as _stage_started_at
+from .layout import WEIGHTS
+from .params import Params, bounded
+from .clock import started_at as _stage_started_at
 
 CKPT_FORMAT = "xmc-trainer-ckpt-v1"
 
@@ -106,6 +108,10 @@ _default_log = logging.getLogger("xmc.trainer")
 
 
 # --------------------------------------------------------------------------- training parameters
+
+
+#: the learning rate after the warm-up: linear decay to 0 at the last step, or constant (:func:`lr_factor`)
+Schedule = Literal["linear", "constant"]
 
 
 @dataclass
@@ -121,41 +127,21 @@ class TrainParams(Params):
     inference, and is given to the :class:`Trainer` beside these.
     """
 
-    epochs: float | None = None   # passes over the training data: steps = ceil(epochs N / (batch_size grad_accum))
-    steps: int | None = None      # total optimisation steps (overrides epochs)
-    batch_size: int = 32          # sequences per micro-batch
-    grad_accum: int = 1           # micro-batches per optimisation step
-    lr: float | None = 5e-5       # learning rate of the groups without their own
-    warmup: float | None = None   # warm-up as a fraction of the steps ...
-    warmup_steps: int | None = None  # ... or in steps (overrides warmup); neither: no warm-up
-    weight_decay: float = 0.01
+    epochs: float | None = bounded(None, gt=0)  # passes over the training data:
+                                  # steps = ceil(epochs N / (batch_size grad_accum))
+    steps: int | None = bounded(None, ge=1)  # total optimisation steps (overrides epochs)
+    batch_size: int = bounded(32, ge=1)  # sequences per micro-batch
+    grad_accum: int = bounded(1, ge=1)  # micro-batches per optimisation step
+    lr: float | None = bounded(5e-5, gt=0)  # learning rate of the groups without their own
+    warmup: float | None = bounded(None, ge=0, lt=1)  # warm-up as a fraction of the steps ...
+    warmup_steps: int | None = bounded(None, ge=0)  # ... or in steps (overrides warmup); neither: no warm-up
+    weight_decay: float = bounded(0.01, ge=0)
     max_grad_norm: float = 1.0    # <= 0: no clipping
     checkpoint_every: int = 500   # steps; <= 0: only at the end and on SIGTERM
-    log_every: int = 10
-    seed: int = 0
-    length_bucket: int = 0        # > 0: batches of similar lengths from windows of this many batches (Trainer)
-    schedule: str = "linear"      # after the warm-up: linear (decay to 0 at the last step) | constant (LightXML)
-
-    def __post_init__(self) -> None:
-        for f in ("batch_size", "grad_accum", "log_every"):
-            if int(getattr(self, f)) < 1:
-                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
-        if self.warmup is not None and not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.length_bucket < 0:
-            raise ValueError(f"length_bucket must be >= 0, got {self.length_bucket}")
-        if self.lr is not None and self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+    log_every: int = bounded(10, ge=1)
+    seed: int = bounded(0, ge=0)
+    length_bucket: int = bounded(0, ge=0)  # > 0: batches of similar lengths from windows of this many batches (Trainer)
+    schedule: Schedule = "linear"  # after the warm-up: linear (decay to 0 at the last step) | constant (LightXML)
 
     _what = "training parameter"
 
@@ -182,7 +168,7 @@ class TrainParams(Params):
         return replace(self, steps=int(steps), warmup_steps=int(min(warm, steps)))
 
 
-SCHEDULES = ("linear", "constant")
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 #: the trajectory values of a default recipe (a checkpoint of an earlier version lacks the newer keys)
@@ -319,7 +305,7 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     out = []
     for p in d.iterdir():
         if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit():
-            if (p / "model.safetensors").is_file() and (p / "trainer.pt").is_file():
+            if (p / WEIGHTS).is_file() and (p / "trainer.pt").is_file():
                 out.append((int(p.name[5:]), p))
     return sorted(out)
 
@@ -608,7 +594,7 @@ class Trainer:
         self.pos = 0             # next position in the epoch's permutation
         self.train_time = 0.0    # seconds in optimisation steps (over resumes)
         # wall time of the stage processes before this one, up to the checkpoint resumed from; this
-        # process's counts from its stage's start (xmc_steps.stage.started_at) or from here
+        # process's counts from its stage's start (xmc_steps.clock.started_at) or from here
         self.wall_before = 0.0
         self._clock0 = _stage_started_at() or time.perf_counter()
         self.sequences = 0       # sequences processed in this process
@@ -684,7 +670,7 @@ class Trainer:
                 for _, p in list_checkpoints(self.ckpt_dir):
                     shutil.rmtree(p, ignore_errors=True)
                 return
-            load_model(self.model, path / "model.safetensors")
+            load_model(self.model, path / WEIGHTS)
             self.model.to(self.device)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -712,7 +698,7 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            save_model(self.model, tmp / "model.safetensors")
+            save_model(self.model, tmp / WEIGHTS)
             state = {
                 "format": CKPT_FORMAT,
                 "step": self.step, "epoch": self.epoch, "pos": self.pos,

@@ -15,7 +15,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [workflow.basedir, os.envi
 from xmc_steps import config as xcfg  # noqa: E402
 from xmc_steps import datasets as xds  # noqa: E402
 from xmc_steps import layout as lay  # noqa: E402
+from xmc_steps import params as xparams  # noqa: E402
 from xmc_steps import proc as xproc  # noqa: E402
+from xmc_steps import registry as xreg  # noqa: E402
 
 # before Snakemake takes its locks: register this invocation and remove the locks a killed one left
 # when no other invocation is running here (xmc_steps/proc.py, "Snakemake's locks"); job processes skip it
@@ -36,9 +38,10 @@ STAGE_ARGS = ("--params {params.settings:q} --record {output.record} --log {log:
               "--rule {rule} --config-hash {params.hash}")
 DATA = config["data_dir"]
 RES = config["results_dir"]
-METHODS = ["xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn"]
-# a target's method: a linear baseline, or a method with variants (layout.VARIANT_METHODS) and its variant
-METHOD_RE = r"xr-linear|parabel|(" + "|".join(lay.VARIANT_METHODS) + r")(-[A-Za-z0-9_.-]+)?"
+# the methods (xmc_steps.registry, one line each): their names and the `method` wildcard, a name with
+# `-<variant>` where the method has variants
+METHODS = list(xreg.METHODS)
+METHOD_RE = xreg.method_re()
 
 
 wildcard_constraints:
@@ -48,18 +51,7 @@ wildcard_constraints:
     maxlen=r"\d+",
     emb=r"pifa-tfidf|(pifa-neural|text-emb)__[A-Za-z0-9._-]+",
     tree=r"tree-b\d+-l\d+(-c\d+)?-s\d+",
-    floor=r"(-c\d+)?",
-    branching=r"\d+",
-    leaf=r"\d+",
-    seed=r"\d+",
-    rin=r"tfidf|tfidf\+neural",
-    neg=r"tfn|man|tfn\+man",
-    sampling=r"dynamic|static",
-    guides=r"full|no-feature-guide|no-link-guide",
     variant=r"[A-Za-z0-9_.-]+",
-    fit=r"train|train\+valid|valid\+train",
-    cand=r"matcher|union|linear",
-    comb=r"ranker|product|mean",
 
 
 def R(pattern, wildcards=None, **values):
@@ -125,6 +117,14 @@ def H(rule):
         return xcfg.config_hash(xcfg.rule_settings(S(wildcards), rule, dict(wildcards.items())))
 
     return f
+
+
+def METHOD_SPEC(method):
+    """The registered spec of a target name (xmc_steps.registry); an unknown method stops the DAG naming the known."""
+    try:
+        return xreg.get(method)
+    except KeyError as e:
+        raise WorkflowError(str(e).strip("'\""))
 
 
 def ENC(wildcards):

@@ -23,7 +23,7 @@ rule prepare:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.prepare_debtags --out {params.out} --work-dir {params.workdir} "
+        "{PY} -m xmc_steps.stages.prepare_debtags --out {params.out} --work-dir {params.workdir} "
         "--log {log:q} --dataset debtags --rule {rule}"
 
 
@@ -34,9 +34,9 @@ rule ingest:
     output:
         docs=expand(R(lay.INGEST) + "/docs_{split}.parquet", split=SPLITS, allow_missing=True),
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=SPLITS, allow_missing=True),
-        labels=R(lay.INGEST) + "/labels.parquet",
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
         report=R(lay.INGEST) + "/ingest.json",
-        record=R(lay.INGEST) + "/record.json",
+        record=R(lay.INGEST) + "/" + lay.RECORD,
     log:
         "logs/ingest/{dataset}.log",
     params:
@@ -52,6 +52,6 @@ rule ingest:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.ingest --name {wildcards.dataset} --data-dir {DATA} "
+        "{PY} -m xmc_steps.stages.ingest --name {wildcards.dataset} --data-dir {DATA} "
         "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "
         "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) --out {params.out} " + STAGE_ARGS

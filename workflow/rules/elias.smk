@@ -2,6 +2,8 @@
 # by Eqs. 9-10), predictions per split, ELIAS++ (§3.5: sparse ranker + calibration) and the
 # ensemble over clustering seeds.  One model folder per seed:
 #   results/{dataset}/elias/tree-b{B}-l{leaf}-s{seed}/{enc}-{maxlen}/ (layout.ELIAS)
+from xmc_steps.elias import spec as ES  # noqa: E402  (its layout)
+from xmc_steps.xtransformer import spec as XTS  # noqa: E402  (its layout)
 
 
 def elias_params(stage):
@@ -27,7 +29,7 @@ def elias_tokens(w):
 #: the guard's linear tree (both stages): XR-Linear over the same tree, fit on the train split, and the
 #: valid TF-IDF it searches
 ELIAS_GUARD_INPUTS = {
-    "linear": R(lay.XT_LINEAR, emb="pifa-tfidf", fit="train") + "/model",
+    "linear": R(XTS.XT_LINEAR, emb="pifa-tfidf", fit="train") + "/model",
     "X_valid": R(lay.TFIDF) + "/X_valid.npz",
 }
 GUARD_ARGS = "--linear-model {input.linear} --tfidf-valid {input.X_valid} "
@@ -41,13 +43,13 @@ rule elias_stage1:
         tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
         **ELIAS_GUARD_INPUTS,
     output:
-        model=R(lay.ELIAS_STAGE, stage=1) + "/model.safetensors",
-        meta=R(lay.ELIAS_STAGE, stage=1) + "/elias.json",
-        clusters=R(lay.ELIAS_STAGE, stage=1) + "/clusters_train.npz",
-        record=R(lay.ELIAS_STAGE, stage=1) + "/record.json",
-        guard=R(lay.ELIAS_STAGE, stage=1) + "/guard.json",
-        guard_recall=R(lay.ELIAS_STAGE, stage=1) + "/guard_recall.npz",
-        curve=report(R(lay.ELIAS_STAGE, stage=1) + "/curve.png", category="{dataset}", subcategory="elias",
+        model=R(ES.ELIAS_STAGE, stage=1) + "/" + lay.WEIGHTS,
+        meta=R(ES.ELIAS_STAGE, stage=1) + "/elias.json",
+        clusters=R(ES.ELIAS_STAGE, stage=1) + "/clusters_train.npz",
+        record=R(ES.ELIAS_STAGE, stage=1) + "/" + lay.RECORD,
+        guard=R(ES.ELIAS_STAGE, stage=1) + "/" + lay.GUARD,
+        guard_recall=R(ES.ELIAS_STAGE, stage=1) + "/guard_recall.npz",
+        curve=report(R(ES.ELIAS_STAGE, stage=1) + "/" + lay.CURVE, category="{dataset}", subcategory="elias",
                      labels={"dataset": "{dataset}", "model": "{tree} {enc}", "file": "stage 1 valid shortlist recall"}),
     log:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
@@ -55,7 +57,7 @@ rule elias_stage1:
         settings=elias_params(1),
         hash=H("elias_stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        out=R(lay.ELIAS_STAGE, stage=1),
+        out=R(ES.ELIAS_STAGE, stage=1),
     threads: threads_of
     resources:
         mem_mb=res("elias_stage1", "mem_mb", 16000),
@@ -64,7 +66,7 @@ rule elias_stage1:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
+        "{PY} -m xmc_steps.stages.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
@@ -79,12 +81,12 @@ rule elias_stage2:
         stage1_guard=rules.elias_stage1.output.guard_recall,
         **ELIAS_GUARD_INPUTS,
     output:
-        model=R(lay.ELIAS_STAGE, stage=2) + "/model.safetensors",
-        meta=R(lay.ELIAS_STAGE, stage=2) + "/elias.json",
-        record=R(lay.ELIAS_STAGE, stage=2) + "/record.json",
-        guard=R(lay.ELIAS_STAGE, stage=2) + "/guard.json",
-        guard_recall=R(lay.ELIAS_STAGE, stage=2) + "/guard_recall.npz",
-        curve=report(R(lay.ELIAS_STAGE, stage=2) + "/curve.png", category="{dataset}", subcategory="elias",
+        model=R(ES.ELIAS_STAGE, stage=2) + "/" + lay.WEIGHTS,
+        meta=R(ES.ELIAS_STAGE, stage=2) + "/elias.json",
+        record=R(ES.ELIAS_STAGE, stage=2) + "/" + lay.RECORD,
+        guard=R(ES.ELIAS_STAGE, stage=2) + "/" + lay.GUARD,
+        guard_recall=R(ES.ELIAS_STAGE, stage=2) + "/guard_recall.npz",
+        curve=report(R(ES.ELIAS_STAGE, stage=2) + "/" + lay.CURVE, category="{dataset}", subcategory="elias",
                      labels={"dataset": "{dataset}", "model": "{tree} {enc}", "file": "stage 2 valid shortlist recall"}),
     log:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
@@ -92,8 +94,8 @@ rule elias_stage2:
         settings=elias_params(2),
         hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        init=R(lay.ELIAS_STAGE, stage=1),
-        out=R(lay.ELIAS_STAGE, stage=2),
+        init=R(ES.ELIAS_STAGE, stage=1),
+        out=R(ES.ELIAS_STAGE, stage=2),
     threads: threads_of
     resources:
         mem_mb=res("elias_stage2", "mem_mb", 16000),
@@ -102,7 +104,7 @@ rule elias_stage2:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
+        "{PY} -m xmc_steps.stages.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
         "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
@@ -110,13 +112,13 @@ rule elias_stage2:
 rule elias_predict:
     """Top-k ELIAS predictions, shortlist scores and embeddings of one split."""
     input:
-        model=R(lay.ELIAS_STAGE) + "/model.safetensors",
+        model=R(ES.ELIAS_STAGE) + "/" + lay.WEIGHTS,
         tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{w.split}.npz",
     output:
-        predictions=R(lay.ELIAS_STAGE) + "/pred_{split}.parquet",
-        emb=R(lay.ELIAS_STAGE) + "/emb_{split}.npz",
-        shortlist=R(lay.ELIAS_STAGE) + "/shortlist_{split}.parquet",
-        record=R(lay.ELIAS_STAGE) + "/pred_{split}.record.json",
+        predictions=R(ES.ELIAS_STAGE) + "/pred_{split}.parquet",
+        emb=R(ES.ELIAS_STAGE) + "/emb_{split}.npz",
+        shortlist=R(ES.ELIAS_STAGE) + "/shortlist_{split}.parquet",
+        record=R(ES.ELIAS_STAGE) + "/" + lay.record("pred_{split}"),
     wildcard_constraints:
         stage="1|2",
         split="train|valid|test",
@@ -128,7 +130,7 @@ rule elias_predict:
                                        "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
         hash=H("elias_predict"),
-        model=R(lay.ELIAS_STAGE),
+        model=R(ES.ELIAS_STAGE),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
     resources:
@@ -138,7 +140,7 @@ rule elias_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias predict --model {params.model} --tokens {input.tokens} "
+        "{PY} -m xmc_steps.stages.elias predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} --phase {params.phase} "
         "--method elias --threads {threads} " + STAGE_ARGS
 
@@ -153,11 +155,11 @@ rule elias_plus_ranker:
     input:
         X=R(lay.TFIDF) + "/X_train.npz",
         Y=R(lay.INGEST) + "/Y_train.npz",
-        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_train.npz",
-        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_train.parquet",
+        emb=R(ES.ELIAS_STAGE, stage=2) + "/emb_train.npz",
+        cand=R(ES.ELIAS_STAGE, stage=2) + "/pred_train.parquet",
     output:
-        model=directory(R(lay.ELIAS_PLUS) + "/ranker"),
-        record=R(lay.ELIAS_PLUS) + "/ranker.record.json",
+        model=directory(R(ES.ELIAS_PLUS) + "/ranker"),
+        record=R(ES.ELIAS_PLUS) + "/" + lay.record("ranker"),
     log:
         "logs/elias_plus_ranker/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -170,7 +172,7 @@ rule elias_plus_ranker:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
+        "{PY} -m xmc_steps.stages.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
         "--candidates {input.cand} --out {output.model} --method elias --threads {threads} " + STAGE_ARGS
 
 
@@ -180,11 +182,11 @@ rule elias_plus_calibrate:
         model=rules.elias_plus_ranker.output.model,
         X=R(lay.TFIDF) + "/X_valid.npz",
         Y=R(lay.INGEST) + "/Y_valid.npz",
-        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_valid.npz",
-        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_valid.parquet",
+        emb=R(ES.ELIAS_STAGE, stage=2) + "/emb_valid.npz",
+        cand=R(ES.ELIAS_STAGE, stage=2) + "/pred_valid.parquet",
     output:
-        model=directory(R(lay.ELIAS_PLUS) + "/calibration"),
-        record=R(lay.ELIAS_PLUS) + "/calibration.record.json",
+        model=directory(R(ES.ELIAS_PLUS) + "/calibration"),
+        record=R(ES.ELIAS_PLUS) + "/" + lay.record("calibration"),
     log:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
@@ -197,7 +199,7 @@ rule elias_plus_calibrate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
+        "{PY} -m xmc_steps.stages.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
         "--labels {input.Y} --candidates {input.cand} --out {output.model} --method elias " + STAGE_ARGS
 
 
@@ -205,13 +207,13 @@ rule elias_plus_predict:
     """ELIAS++ scores of the test documents, with or without calibration."""
     input:
         model=rules.elias_plus_ranker.output.model,
-        calibration=lambda w: [R(lay.ELIAS_PLUS, w) + "/calibration"] if w.cal == "calibrated" else [],
+        calibration=lambda w: [R(ES.ELIAS_PLUS, w) + "/calibration"] if w.cal == "calibrated" else [],
         X=R(lay.TFIDF) + "/X_test.npz",
-        emb=R(lay.ELIAS_STAGE, stage=2) + "/emb_test.npz",
-        cand=R(lay.ELIAS_STAGE, stage=2) + "/pred_test.parquet",
+        emb=R(ES.ELIAS_STAGE, stage=2) + "/emb_test.npz",
+        cand=R(ES.ELIAS_STAGE, stage=2) + "/pred_test.parquet",
     output:
-        predictions=R(lay.ELIAS_PLUS) + "/predictions_test_{cal}.parquet",
-        record=R(lay.ELIAS_PLUS) + "/predict_{cal}.record.json",
+        predictions=R(ES.ELIAS_PLUS) + "/predictions_test_{cal}.parquet",
+        record=R(ES.ELIAS_PLUS) + "/" + lay.record("predict_{cal}"),
     wildcard_constraints:
         cal="calibrated|uncalibrated",
     log:
@@ -227,7 +229,7 @@ rule elias_plus_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
+        "{PY} -m xmc_steps.stages.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
         "--emb {input.emb} --candidates {input.cand} --out {output.predictions} --method elias " + STAGE_ARGS
 
 
@@ -238,12 +240,12 @@ def elias_variant(w):
 rule elias_ensemble:
     """Ensemble of ELIAS++ models over different initial clusterings (the paper's 3x)."""
     input:
-        members=lambda w: [lay.elias_dir(RES, w.dataset, S(w), seed) + "/plus/predictions_test_calibrated.parquet"
-                           for seed in lay.elias_seeds(S(w), elias_variant(w))],
-        labels=R(lay.INGEST) + "/labels.parquet",
+        members=lambda w: [ES.elias_dir(RES, w.dataset, S(w), seed) + "/plus/predictions_test_calibrated.parquet"
+                           for seed in ES.elias_seeds(S(w), elias_variant(w))],
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
-        predictions=R(lay.ELIAS_ENSEMBLE) + "/predictions_test.parquet",
-        record=R(lay.ELIAS_ENSEMBLE) + "/record.json",
+        predictions=R(ES.ELIAS_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        record=R(ES.ELIAS_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:
@@ -256,5 +258,5 @@ rule elias_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
+        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --method elias " + STAGE_ARGS

@@ -1,41 +1,18 @@
 # Evaluation: the metrics of xmc_steps/metrics.py, costs of every stage, results/{dataset}/{method}.json.
 
-SHARED_RECORDS = [lay.INGEST + "/record.json", lay.TFIDF + "/record.json"]
+SHARED_RECORDS = [lay.INGEST + "/" + lay.RECORD, lay.TFIDF + "/" + lay.RECORD]
 
 
 def method_predictions(w):
-    """The test predictions a target is evaluated on."""
-    base, variant = lay.split_method(w.method)
-    if base == "xtransformer":
-        return lay.xt_predictions(RES, w.dataset, S(w), variant)
-    if base == "elias":
-        return lay.elias_predictions(RES, w.dataset, S(w), variant)
-    if base == "lightxml":
-        return lay.lightxml_predictions(RES, w.dataset, S(w), variant)
-    if base == "gudn":
-        return lay.gudn_predictions(RES, w.dataset, S(w), variant)
-    return R(lay.METHOD, w) + "/predictions_test.parquet"
+    """The test predictions a target is evaluated on (its method's spec, xmc_steps.registry)."""
+    spec = METHOD_SPEC(w.method)
+    return spec.predictions(RES, w.dataset, S(w), xreg.split_method(w.method)[1])
 
 
 def stage_records(w):
     """Every stage record of a target: its costs go into the results file."""
-    base, variant = lay.split_method(w.method)
-    out = [R(r, w) for r in SHARED_RECORDS]
-    if base == "xtransformer":
-        s = S(w)
-        enc = {m.enc for m in lay.xt_members(s, variant)}
-        out += [f"{lay.tokens_dir(RES, w.dataset, e, s['xtransformer']['matcher']['max_length'])}/record.json" for e in sorted(enc)]
-        return out + lay.xt_records(RES, w.dataset, s, variant)
-    if base == "elias":
-        return out + lay.elias_records(RES, w.dataset, S(w), variant)
-    if base == "lightxml":
-        return out + lay.lightxml_records(RES, w.dataset, S(w), variant)
-    if base == "gudn":
-        return out + lay.gudn_records(RES, w.dataset, S(w), variant)
-    if base == "xr-linear":
-        tree = lay.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"])
-        out += [R(lay.INDEX, w, emb="pifa-tfidf") + "/label_emb.record.json", tree.replace(".npz", ".record.json")]
-    return out + [R(lay.METHOD, w) + "/train.record.json", R(lay.METHOD, w) + "/predict.record.json"]
+    spec = METHOD_SPEC(w.method)
+    return [R(r, w) for r in SHARED_RECORDS] + spec.records(RES, w.dataset, S(w), xreg.split_method(w.method)[1])
 
 
 rule effective_config:
@@ -48,7 +25,7 @@ rule effective_config:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.config --dataset {wildcards.dataset} --method {wildcards.method} "
+        "{PY} -m xmc_steps.stages.effective_config --dataset {wildcards.dataset} --method {wildcards.method} "
         "--settings {params.settings:q} --out {output}"
 
 
@@ -58,7 +35,7 @@ rule evaluate:
         predictions=method_predictions,
         truth=R(lay.INGEST) + "/Y_test.npz",
         train=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
-        labels=R(lay.INGEST) + "/labels.parquet",
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
         records=stage_records,
         config=rules.effective_config.output,
         reported=os.path.join(workflow.basedir, "workflow", "reported.json"),
@@ -81,7 +58,7 @@ rule evaluate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.evaluate --predictions {input.predictions} --truth {input.truth} "
+        "{PY} -m xmc_steps.stages.evaluate --predictions {input.predictions} --truth {input.truth} "
         "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
         "--effective-config {input.config} --reported {input.reported:q} --out {output.result} --plot {output.plot} "
         "--method {wildcards.method} " + STAGE_ARGS
@@ -125,7 +102,7 @@ rule seed_summary:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.leaderboard --summarise --seeds {input} --out {output} --log {log:q} --no-tracking"
+        "{PY} -m xmc_steps.stages.leaderboard --summarise --seeds {input} --out {output} --log {log:q} --no-tracking"
 
 
 def seed_summaries(dataset):
@@ -166,7 +143,7 @@ rule leaderboard:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} "
+        "{PY} -m xmc_steps.stages.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} "
         "--paper-config {input.paper_config:q} --out {output.md} "
         + STAGE_ARGS
 
@@ -184,7 +161,7 @@ rule leaderboard_all:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.leaderboard --tables {input.tables} --out {output.md} --log {log:q} --no-tracking"
+        "{PY} -m xmc_steps.stages.leaderboard --tables {input.tables} --out {output.md} --log {log:q} --no-tracking"
 
 
 def glob_datasets():

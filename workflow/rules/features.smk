@@ -5,11 +5,11 @@ rule tfidf:
     """Word n-gram TF-IDF, sublinear tf, L2-normalised; vocabulary and idf saved."""
     input:
         rules.ingest.output.docs,
-        record=R(lay.INGEST) + "/record.json",
+        record=R(lay.INGEST) + "/" + lay.RECORD,
     output:
         X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=SPLITS, allow_missing=True),
         vocab=R(lay.TFIDF) + "/vocab.parquet",
-        record=R(lay.TFIDF) + "/record.json",
+        record=R(lay.TFIDF) + "/" + lay.RECORD,
     log:
         "logs/tfidf/{dataset}.log",
     params:
@@ -24,7 +24,7 @@ rule tfidf:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.tfidf --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
+        "{PY} -m xmc_steps.stages.tfidf --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
 
 
 rule tokenize:
@@ -33,7 +33,7 @@ rule tokenize:
         rules.ingest.output.docs,
     output:
         tokens=expand(R(lay.TOKENS) + "/tokens_{split}.npz", split=SPLITS, allow_missing=True),
-        record=R(lay.TOKENS) + "/record.json",
+        record=R(lay.TOKENS) + "/" + lay.RECORD,
     log:
         "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
@@ -48,7 +48,7 @@ rule tokenize:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.tokenize --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
+        "{PY} -m xmc_steps.stages.tokenize --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
 
 
 rule embed_pretrained:
@@ -57,7 +57,7 @@ rule embed_pretrained:
         tokens=expand(R(lay.TOKENS) + "/tokens_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
         emb=expand(R(lay.PRETRAINED) + "/emb_{split}.npz", split=["train", "valid"], allow_missing=True),
-        record=R(lay.PRETRAINED) + "/record.json",
+        record=R(lay.PRETRAINED) + "/" + lay.RECORD,
     log:
         "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
     params:
@@ -73,4 +73,4 @@ rule embed_pretrained:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.embed --tokens {input.tokens} --out-dir {params.out} " + STAGE_ARGS
+        "{PY} -m xmc_steps.stages.embed --tokens {input.tokens} --out-dir {params.out} " + STAGE_ARGS

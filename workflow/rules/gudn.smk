@@ -1,6 +1,14 @@
 # GUDN: the LightXML network trained with the guide network on each text's label texts, then its
 # test predictions (LightXML's predict: the guide is training-only).  One model folder per
 # guide setting:  results/{dataset}/gudn/{tree}/{enc}-{maxlen}/{guides}/ (layout.GUDN)
+import re
+
+from xmc_steps.gudn import spec as GDS  # noqa: E402  (its layout)
+
+
+# this method's path segment: a guide setting (the keys of gudn.spec.GUIDES)
+wildcard_constraints:
+    guides="|".join(re.escape(g) for g in GDS.GUIDES),
 
 
 def gudn_params(w):
@@ -9,8 +17,7 @@ def gudn_params(w):
     for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; GUDN trains one model
         b.pop(k, None)
     own = {k: v for k, v in g.items() if k != "backbone"}
-    if w.guides != "full":
-        own[w.guides.replace("no-", "").replace("-", "_")] = False   # no-feature-guide -> feature_guide: false
+    own.update(GDS.GUIDES[w.guides])   # the folder names a guide setting; its values come from the table
     return json.dumps({**own, "backbone": {**b, "encoder": ENC(w), "max_length": int(w.maxlen)}}, sort_keys=True)
 
 
@@ -31,14 +38,14 @@ rule gudn_train:
     input:
         tokens=lambda w: [f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{s}.npz" for s in ("train", "valid")],
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
-        labels=R(lay.INGEST) + "/labels.parquet",
-        ingest=R(lay.INGEST) + "/record.json",
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
+        ingest=R(lay.INGEST) + "/" + lay.RECORD,
         tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
     output:
-        model=R(lay.GUDN) + "/model.safetensors",
-        meta=R(lay.GUDN) + "/lightxml.json",
-        curve=R(lay.GUDN) + "/curve.png",
-        record=R(lay.GUDN) + "/record.json",
+        model=R(GDS.GUDN) + "/" + lay.WEIGHTS,
+        meta=R(GDS.GUDN) + "/lightxml.json",
+        curve=R(GDS.GUDN) + "/" + lay.CURVE,
+        record=R(GDS.GUDN) + "/" + lay.RECORD,
     log:
         "logs/gudn_train/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
     params:
@@ -46,7 +53,7 @@ rule gudn_train:
         hash=H("gudn_train"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         label_texts=label_texts_file,
-        out=R(lay.GUDN),
+        out=R(GDS.GUDN),
     threads: threads_of
     resources:
         mem_mb=res("gudn_train", "mem_mb", 16000),
@@ -55,7 +62,7 @@ rule gudn_train:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.gudn train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
+        "{PY} -m xmc_steps.stages.gudn train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --label-table {input.labels} --ingest-record {input.ingest} "
         "--label-texts-file {params.label_texts:q} --tree {input.tree} --out {params.out} "
         "--method gudn --threads {threads} " + STAGE_ARGS
@@ -67,8 +74,8 @@ rule gudn_predict:
         model=rules.gudn_train.output.model,
         tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_test.npz",
     output:
-        predictions=R(lay.GUDN) + "/predictions_test.parquet",
-        record=R(lay.GUDN) + "/predict.record.json",
+        predictions=R(GDS.GUDN) + "/" + lay.PREDICTIONS,
+        record=R(GDS.GUDN) + "/" + lay.record("predict"),
     log:
         "logs/gudn_predict/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
     params:
@@ -76,7 +83,7 @@ rule gudn_predict:
                                        "allow_cpu_fallback": S(w)["gudn"]["backbone"]["allow_cpu_fallback"],
                                        "amp": S(w)["gudn"]["backbone"]["amp"]}),
         hash=H("gudn_predict"),
-        model=R(lay.GUDN),
+        model=R(GDS.GUDN),
     threads: threads_of
     resources:
         mem_mb=res("gudn_predict", "mem_mb", 16000),
@@ -85,5 +92,5 @@ rule gudn_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.lightxml predict --model {params.model} --tokens {input.tokens} "
+        "{PY} -m xmc_steps.stages.lightxml predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --method gudn --threads {threads} " + STAGE_ARGS

@@ -9,8 +9,8 @@ rule label_embedding_pifa_tfidf:
         X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=["train", "valid"], allow_missing=True),
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
-        emb=R(lay.INDEX, emb="pifa-tfidf") + "/label_emb.npz",
-        record=R(lay.INDEX, emb="pifa-tfidf") + "/label_emb.record.json",
+        emb=R(lay.INDEX, emb="pifa-tfidf") + "/" + lay.LABEL_EMB,
+        record=R(lay.INDEX, emb="pifa-tfidf") + "/" + lay.record(lay.LABEL_EMB),
     log:
         "logs/label_embedding/{dataset}-pifa-tfidf.log",
     params:
@@ -22,7 +22,7 @@ rule label_embedding_pifa_tfidf:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
+        "{PY} -m xmc_steps.stages.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
@@ -34,8 +34,8 @@ rule label_embedding_pifa_neural:
                            enc=w.enc, maxlen=S(w)["xtransformer"]["embed"]["max_length"], split=["train", "valid"], allow_missing=True),
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
     output:
-        emb=R(lay.INDEX, emb="pifa-neural__{enc}") + "/label_emb.npz",
-        record=R(lay.INDEX, emb="pifa-neural__{enc}") + "/label_emb.record.json",
+        emb=R(lay.INDEX, emb="pifa-neural__{enc}") + "/" + lay.LABEL_EMB,
+        record=R(lay.INDEX, emb="pifa-neural__{enc}") + "/" + lay.record(lay.LABEL_EMB),
     log:
         "logs/label_embedding/{dataset}-pifa-neural__{enc}.log",
     params:
@@ -47,7 +47,7 @@ rule label_embedding_pifa_neural:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
+        "{PY} -m xmc_steps.stages.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
         "--out {output.emb} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
 
@@ -55,10 +55,10 @@ rule label_embedding_pifa_neural:
 rule label_embedding_text:
     """Label-text embeddings: the encoder's mean-pooled token states (§3.2)."""
     input:
-        labels=R(lay.INGEST) + "/labels.parquet",
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
-        emb=R(lay.INDEX, emb="text-emb__{enc}") + "/label_emb.npz",
-        record=R(lay.INDEX, emb="text-emb__{enc}") + "/label_emb.record.json",
+        emb=R(lay.INDEX, emb="text-emb__{enc}") + "/" + lay.LABEL_EMB,
+        record=R(lay.INDEX, emb="text-emb__{enc}") + "/" + lay.record(lay.LABEL_EMB),
     log:
         "logs/label_embedding/{dataset}-text-emb__{enc}.log",
     params:
@@ -71,23 +71,31 @@ rule label_embedding_text:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.label_embedding --kind text-emb --label-table {input.labels} "
+        "{PY} -m xmc_steps.stages.label_embedding --kind text-emb --label-table {input.labels} "
         "--out {output.emb} " + STAGE_ARGS
+
+
+def TREE_SETTINGS(w):
+    """The settings of the tree the wildcards name (xmc_steps.registry.tree_settings): the values come from
+    the methods' settings; the tree's name is only its key."""
+    try:
+        return xreg.tree_settings(S(w), w.tree)
+    except KeyError as e:
+        raise WorkflowError(str(e).strip("'\""))
 
 
 rule cluster:
     """Balanced hierarchical spherical k-means over the label embeddings."""
     input:
-        emb=R(lay.INDEX) + "/label_emb.npz",
+        emb=R(lay.INDEX) + "/" + lay.LABEL_EMB,
     output:
-        tree=R(lay.TREE, tree="tree-b{branching}-l{leaf}{floor}-s{seed}") + ".npz",
-        record=R(lay.TREE, tree="tree-b{branching}-l{leaf}{floor}-s{seed}") + ".record.json",
+        tree=R(lay.TREE) + ".npz",
+        record=lay.record(R(lay.TREE)),
     log:
-        "logs/cluster/{dataset}-{emb}-b{branching}-l{leaf}{floor}-s{seed}.log",
+        "logs/cluster/{dataset}-{emb}-{tree}.log",
     params:
         hash=H("cluster"),
-        c=lambda w: S(w)["cluster"],
-        min_leaves=lambda w: lay.min_leaves(w.floor),
+        t=TREE_SETTINGS,
     threads: threads_of
     resources:
         mem_mb=res("cluster", "mem_mb", 8000),
@@ -95,7 +103,7 @@ rule cluster:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.cluster --label-emb {input.emb} --out {output.tree} "
-        "--branching {wildcards.branching} --leaf-size {wildcards.leaf} --min-leaves {params.min_leaves} "
-        "--seed {wildcards.seed} --max-iter {params.c[max_iter]} --record {output.record} "
+        "{PY} -m xmc_steps.stages.cluster --label-emb {input.emb} --out {output.tree} "
+        "--branching {params.t[branching]} --leaf-size {params.t[leaf_size]} --min-leaves {params.t[min_leaves]} "
+        "--seed {params.t[seed]} --max-iter {params.t[max_iter]} --record {output.record} "
         "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --threads {threads} --config-hash {params.hash}"

@@ -2,15 +2,21 @@
 # predictions, and the ensemble of several.  One model folder per clustering (and training) seed,
 # encoder and negative sampling:
 #   results/{dataset}/lightxml/tree-b2-l{leaf}-s{seed}/{enc}-{maxlen}/{sampling}/ (layout.LIGHTXML)
+from xmc_steps.lightxml import spec as LXS  # noqa: E402  (its layout)
+
+
+# this method's path segment: the negative sampling (its Literal type, xmc_steps.params)
+wildcard_constraints:
+    sampling=xparams.regex(xparams.Sampling),
 
 
 def lightxml_params(w):
     lx = dict(S(w)["lightxml"])
     for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; members are their own jobs
         lx.pop(k)
-    seed = int(w.tree.rsplit("-s", 1)[1])   # a member's clustering seed is its training seed
+    member = LXS.member_of(S(w), w.tree, w.enc, w.maxlen, w.sampling)   # its seed: the clustering seed
     return json.dumps({**lx, "encoder": ENC(w), "max_length": int(w.maxlen), "negatives": w.sampling,
-                       "train": {**lx["train"], "seed": seed}}, sort_keys=True)
+                       "train": {**lx["train"], "seed": member.seed}}, sort_keys=True)
 
 
 rule lightxml_train:
@@ -20,17 +26,17 @@ rule lightxml_train:
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         tree=R(lay.INDEX, emb="pifa-tfidf") + "/{tree}.npz",
     output:
-        model=R(lay.LIGHTXML) + "/model.safetensors",
-        meta=R(lay.LIGHTXML) + "/lightxml.json",
-        curve=R(lay.LIGHTXML) + "/curve.png",
-        record=R(lay.LIGHTXML) + "/record.json",
+        model=R(LXS.LIGHTXML) + "/" + lay.WEIGHTS,
+        meta=R(LXS.LIGHTXML) + "/lightxml.json",
+        curve=R(LXS.LIGHTXML) + "/" + lay.CURVE,
+        record=R(LXS.LIGHTXML) + "/" + lay.RECORD,
     log:
         "logs/lightxml_train/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
         settings=lightxml_params,
         hash=H("lightxml_train"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        out=R(lay.LIGHTXML),
+        out=R(LXS.LIGHTXML),
     threads: threads_of
     resources:
         mem_mb=res("lightxml_train", "mem_mb", 16000),
@@ -39,7 +45,7 @@ rule lightxml_train:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.lightxml train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
+        "{PY} -m xmc_steps.stages.lightxml train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
         "--method lightxml --threads {threads} " + STAGE_ARGS
 
@@ -50,8 +56,8 @@ rule lightxml_predict:
         model=rules.lightxml_train.output.model,
         tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_test.npz",
     output:
-        predictions=R(lay.LIGHTXML) + "/predictions_test.parquet",
-        record=R(lay.LIGHTXML) + "/predict.record.json",
+        predictions=R(LXS.LIGHTXML) + "/" + lay.PREDICTIONS,
+        record=R(LXS.LIGHTXML) + "/" + lay.record("predict"),
     log:
         "logs/lightxml_predict/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
@@ -59,7 +65,7 @@ rule lightxml_predict:
                                        "allow_cpu_fallback": S(w)["lightxml"]["allow_cpu_fallback"],
                                        "amp": S(w)["lightxml"]["amp"]}),
         hash=H("lightxml_predict"),
-        model=R(lay.LIGHTXML),
+        model=R(LXS.LIGHTXML),
     threads: threads_of
     resources:
         mem_mb=res("lightxml_predict", "mem_mb", 16000),
@@ -68,19 +74,19 @@ rule lightxml_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.lightxml predict --model {params.model} --tokens {input.tokens} "
+        "{PY} -m xmc_steps.stages.lightxml predict --model {params.model} --tokens {input.tokens} "
         "--out {output.predictions} --method lightxml --threads {threads} " + STAGE_ARGS
 
 
 rule lightxml_ensemble:
     """Ensemble of LightXML models (the paper: three encoders on small label sets, three clusterings on large)."""
     input:
-        members=lambda w: [m.dir(RES, w.dataset) + "/predictions_test.parquet"
-                           for m in lay.lightxml_members(S(w), w.variant)],
-        labels=R(lay.INGEST) + "/labels.parquet",
+        members=lambda w: [m.dir(RES, w.dataset) + "/" + lay.PREDICTIONS
+                           for m in LXS.lightxml_members(S(w), w.variant)],
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
-        predictions=R(lay.LIGHTXML_ENSEMBLE) + "/predictions_test.parquet",
-        record=R(lay.LIGHTXML_ENSEMBLE) + "/record.json",
+        predictions=R(LXS.LIGHTXML_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        record=R(LXS.LIGHTXML_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/lightxml_ensemble/{dataset}-{variant}.log",
     params:
@@ -94,5 +100,5 @@ rule lightxml_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
+        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --method lightxml " + STAGE_ARGS

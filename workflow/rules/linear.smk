@@ -1,5 +1,7 @@
 # Linear rankers: XR-Linear (tree of one-vs-all rankers, TFN/MAN negatives, beam search)
 # and the Parabel baseline (omikuji), both on the shared TF-IDF features.
+from xmc_steps.xr_linear import spec as XRS  # noqa: E402  (its layout)
+from xmc_steps.parabel import spec as PBS  # noqa: E402  (its layout)
 
 
 def fit_files(kind, section):
@@ -19,8 +21,8 @@ rule xr_linear_train:
         Y=fit_files("Y", "xr_linear"),
         tree=lambda w: lay.tree_path(RES, w.dataset, "pifa-tfidf", S(w)["cluster"]),
     output:
-        model=directory(R(lay.XR_LINEAR) + "/model"),
-        record=R(lay.XR_LINEAR) + "/train.record.json",
+        model=directory(R(XRS.XR_LINEAR) + "/model"),
+        record=R(XRS.XR_LINEAR) + "/" + lay.record("train"),
     log:
         "logs/xr_linear_train/{dataset}.log",
     params:
@@ -33,7 +35,7 @@ rule xr_linear_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
+        "{PY} -m xmc_steps.stages.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
         "--out {output.model} --method xr-linear --threads {threads} " + STAGE_ARGS
 
 
@@ -43,8 +45,8 @@ rule xr_linear_predict:
         model=rules.xr_linear_train.output.model,
         X=R(lay.TFIDF) + "/X_test.npz",
     output:
-        predictions=R(lay.XR_LINEAR) + "/predictions_test.parquet",
-        record=R(lay.XR_LINEAR) + "/predict.record.json",
+        predictions=R(XRS.XR_LINEAR) + "/" + lay.PREDICTIONS,
+        record=R(XRS.XR_LINEAR) + "/" + lay.record("predict"),
     log:
         "logs/xr_linear_predict/{dataset}.log",
     params:
@@ -57,7 +59,7 @@ rule xr_linear_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear predict --model {input.model} --features {input.X} --out {output.predictions} "
+        "{PY} -m xmc_steps.stages.xr_linear predict --model {input.model} --features {input.X} --out {output.predictions} "
         "--method xr-linear " + STAGE_ARGS
 
 
@@ -67,8 +69,8 @@ rule parabel_train:
         X=fit_files("X", "parabel"),
         Y=fit_files("Y", "parabel"),
     output:
-        model=directory(R(lay.PARABEL) + "/model"),
-        record=R(lay.PARABEL) + "/train.record.json",
+        model=directory(R(PBS.PARABEL) + "/model"),
+        record=R(PBS.PARABEL) + "/" + lay.record("train"),
     log:
         "logs/parabel_train/{dataset}.log",
     params:
@@ -81,7 +83,7 @@ rule parabel_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.parabel train --features {input.X} --labels {input.Y} --out {output.model} "
+        "{PY} -m xmc_steps.stages.parabel train --features {input.X} --labels {input.Y} --out {output.model} "
         "--method parabel --threads {threads} " + STAGE_ARGS
 
 
@@ -90,10 +92,10 @@ rule parabel_predict:
     input:
         model=rules.parabel_train.output.model,
         X=R(lay.TFIDF) + "/X_test.npz",
-        labels=R(lay.INGEST) + "/labels.parquet",
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
-        predictions=R(lay.PARABEL) + "/predictions_test.parquet",
-        record=R(lay.PARABEL) + "/predict.record.json",
+        predictions=R(PBS.PARABEL) + "/" + lay.PREDICTIONS,
+        record=R(PBS.PARABEL) + "/" + lay.record("predict"),
     log:
         "logs/parabel_predict/{dataset}.log",
     params:
@@ -106,5 +108,5 @@ rule parabel_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.parabel predict --model {input.model} --features {input.X} --label-table {input.labels} "
+        "{PY} -m xmc_steps.stages.parabel predict --model {input.model} --features {input.X} --label-table {input.labels} "
         "--out {output.predictions} --method parabel --threads {threads} " + STAGE_ARGS

@@ -1,4 +1,4 @@
-# Trained targets asked about new text (xmc_steps.predict): suggestions for a dataset's unlabelled texts.
+# Trained targets asked about new text (xmc_steps.stages.predict): suggestions for a dataset's unlabelled texts.
 
 
 rule debtags_untagged:
@@ -20,7 +20,7 @@ rule debtags_untagged:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.prepare_debtags --untagged {params.out} --work-dir {params.workdir} "
+        "{PY} -m xmc_steps.stages.prepare_debtags --untagged {params.out} --work-dir {params.workdir} "
         "--exclude-ids {input.ids} --log {log:q} --dataset debtags --rule {rule}"
 
 
@@ -51,5 +51,5 @@ rule suggestions:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.predict --model {params.model} --top-k {params.top_k} --input {input.texts} {params.ids} "
+        "{PY} -m xmc_steps.stages.predict --model {params.model} --top-k {params.top_k} --input {input.texts} {params.ids} "
         "--out {output} --skip-empty 2> {log:q}"

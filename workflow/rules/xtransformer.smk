@@ -2,7 +2,17 @@
 # (§3.4) per (ranker input, negatives), Eq. 2 prediction, and ensembles (Table 5 rows 7-9).
 # XR-Linear over the matcher's tree, fit on the splits `fit` ("train" or "train+valid"), in
 # layout.XT_LINEAR: the guard's linear baseline and the second candidate source of Eq. 2
-# (xmc_steps/xtransformer.py).
+# (xmc_steps/xtransformer/).
+from xmc_steps.xtransformer import spec as XTS  # noqa: E402  (its layout)
+
+
+# this method's path segments: the settings' choices they name (their Literal types, xmc_steps.params)
+wildcard_constraints:
+    rin=xparams.regex(xparams.RankerInput),
+    neg=xparams.regex(xparams.NegativeKind),
+    cand=xparams.regex(xparams.Candidates),
+    comb=xparams.regex(xparams.Combiner),
+    fit=r"train|train\+valid|valid\+train",
 
 
 def xt_fit_name(s):
@@ -28,12 +38,12 @@ def matcher_params(w):
 rule xtransformer_linear_train:
     """XR-Linear (the xr_linear settings) over the matcher's cluster tree, fit on `fit`."""
     input:
-        X=lambda w: [R(lay.TFIDF, w) + f"/X_{s}.npz" for s in w.fit.split("+")],
-        Y=lambda w: [R(lay.INGEST, w) + f"/Y_{s}.npz" for s in w.fit.split("+")],
+        X=lambda w: [R(lay.TFIDF, w) + f"/X_{s}.npz" for s in XTS.fit_splits(S(w), w.fit)],
+        Y=lambda w: [R(lay.INGEST, w) + f"/Y_{s}.npz" for s in XTS.fit_splits(S(w), w.fit)],
         tree=R(lay.TREE) + ".npz",
     output:
-        model=directory(R(lay.XT_LINEAR) + "/model"),
-        record=R(lay.XT_LINEAR) + "/train.record.json",
+        model=directory(R(XTS.XT_LINEAR) + "/model"),
+        record=R(XTS.XT_LINEAR) + "/" + lay.record("train"),
     log:
         "logs/xtransformer_linear_train/{dataset}-{emb}-{tree}-{fit}.log",
     params:
@@ -46,7 +56,7 @@ rule xtransformer_linear_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
+        "{PY} -m xmc_steps.stages.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
         "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
@@ -64,11 +74,11 @@ rule xtransformer_linear_clusters:
     train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline."""
     input:
         # the xr-linear target's model when it is the same model (same tree and splits): fit once
-        model=lambda w: lay.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
+        model=lambda w: XTS.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
         X=expand(R(lay.TFIDF) + "/X_{split}.npz", split=SPLITS, allow_missing=True),
     output:
-        clusters=expand(R(lay.XT_LINEAR) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
-        record=R(lay.XT_LINEAR) + "/clusters.record.json",
+        clusters=expand(R(XTS.XT_LINEAR) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        record=R(XTS.XT_LINEAR) + "/" + lay.record("clusters"),
     log:
         "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
     params:
@@ -81,7 +91,7 @@ rule xtransformer_linear_clusters:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xr_linear clusters --model {input.model} --features {input.X} --out {output.clusters} "
+        "{PY} -m xmc_steps.stages.xr_linear clusters --model {input.model} --features {input.X} --out {output.clusters} "
         "--method xtransformer " + STAGE_ARGS
 
 
@@ -93,23 +103,23 @@ rule matcher:
         tokens=xt_tokens(SPLITS),
         Y=expand(R(lay.INGEST) + "/Y_{split}.npz", split=["train", "valid"], allow_missing=True),
         tree=R(lay.TREE) + ".npz",
-        linear=expand(R(lay.XT_LINEAR, fit="train") + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        linear=expand(R(XTS.XT_LINEAR, fit="train") + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
     output:
-        model=R(lay.XT_MATCHER) + "/model.safetensors",
-        meta=R(lay.XT_MATCHER) + "/matcher.json",
-        guard=R(lay.XT_MATCHER) + "/guard.json",
-        curve=report(R(lay.XT_MATCHER) + "/curve.png", category="{dataset}", subcategory="xtransformer matcher",
+        model=R(XTS.XT_MATCHER) + "/" + lay.WEIGHTS,
+        meta=R(XTS.XT_MATCHER) + "/matcher.json",
+        guard=R(XTS.XT_MATCHER) + "/" + lay.GUARD,
+        curve=report(R(XTS.XT_MATCHER) + "/" + lay.CURVE, category="{dataset}", subcategory="xtransformer matcher",
                      labels={"dataset": "{dataset}", "matcher": "{emb} {tree} {enc}", "file": "valid cluster recall"}),
-        emb=expand(R(lay.XT_MATCHER) + "/emb_{split}.npz", split=SPLITS, allow_missing=True),
-        clusters=expand(R(lay.XT_MATCHER) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
-        record=R(lay.XT_MATCHER) + "/record.json",
+        emb=expand(R(XTS.XT_MATCHER) + "/emb_{split}.npz", split=SPLITS, allow_missing=True),
+        clusters=expand(R(XTS.XT_MATCHER) + "/clusters_{split}.npz", split=SPLITS, allow_missing=True),
+        record=R(XTS.XT_MATCHER) + "/" + lay.RECORD,
     log:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
         settings=matcher_params,
         hash=H("matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        out=R(lay.XT_MATCHER),
+        out=R(XTS.XT_MATCHER),
     threads: threads_of
     resources:
         mem_mb=res("matcher", "mem_mb", 16000),
@@ -118,7 +128,7 @@ rule matcher:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
+        "{PY} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
         "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --linear-clusters {input.linear} --out {params.out} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
 
@@ -131,9 +141,9 @@ def xt_ranker_params(w, predict=False):
              topk=s["evaluate"]["topk"])
     if predict:
         p.update(combiner=w.comb)
-        p = {k: p[k] for k in ("topb", "topk", "candidates") + xcfg.XT_PREDICT_ONLY}
+        p = {k: p[k] for k in ("topb", "topk", "candidates") + XTS.PREDICT_ONLY}
     else:  # prediction's alone: changing them keeps the trained rankers
-        p = {k: v for k, v in p.items() if k not in xcfg.XT_PREDICT_ONLY}
+        p = {k: v for k, v in p.items() if k not in XTS.PREDICT_ONLY}
     return json.dumps(p, sort_keys=True)
 
 
@@ -146,8 +156,8 @@ def xt_fit(kind):
         if kind == "Y":
             return [R(lay.INGEST, w) + f"/Y_{x}.npz" for x in splits]
         if kind == "linear":
-            return [R(lay.XT_LINEAR, w, fit=xt_fit_name(s)) + f"/clusters_{x}.npz" for x in splits]
-        return [R(lay.XT_MATCHER, w) + f"/{kind}_{x}.npz" for x in splits]
+            return [R(XTS.XT_LINEAR, w, fit=xt_fit_name(s)) + f"/clusters_{x}.npz" for x in splits]
+        return [R(XTS.XT_MATCHER, w) + f"/{kind}_{x}.npz" for x in splits]
 
     return f
 
@@ -161,10 +171,10 @@ rule xtransformer_ranker:
         clusters=xt_fit("clusters"),
         linear=xt_fit("linear"),
         tree=R(lay.TREE) + ".npz",
-        guard=R(lay.XT_MATCHER) + "/guard.json",   # candidates matcher: the matcher must beat the baselines alone
+        guard=R(XTS.XT_MATCHER) + "/" + lay.GUARD,   # candidates matcher: the matcher must beat the baselines alone
     output:
-        model=directory(R(lay.XT_RANKER) + "/model"),
-        record=R(lay.XT_RANKER) + "/train.record.json",
+        model=directory(R(XTS.XT_RANKER) + "/model"),
+        record=R(XTS.XT_RANKER) + "/" + lay.record("train"),
     log:
         "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
     params:
@@ -178,7 +188,7 @@ rule xtransformer_ranker:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
+        "{PY} -m xmc_steps.stages.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
         "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --guard {input.guard} "
         "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
 
@@ -187,14 +197,14 @@ rule xtransformer_predict:
     """Eq. 2: matcher's top-b clusters, ranker scores inside them, combined."""
     input:
         model=rules.xtransformer_ranker.output.model,
-        matcher=R(lay.XT_MATCHER) + "/model.safetensors",
+        matcher=R(XTS.XT_MATCHER) + "/" + lay.WEIGHTS,
         X=R(lay.TFIDF) + "/X_test.npz",
-        emb=R(lay.XT_MATCHER) + "/emb_test.npz",
-        clusters=R(lay.XT_MATCHER) + "/clusters_test.npz",
-        linear=lambda w: R(lay.XT_LINEAR, w, fit=xt_fit_name(S(w))) + "/clusters_test.npz",
+        emb=R(XTS.XT_MATCHER) + "/emb_test.npz",
+        clusters=R(XTS.XT_MATCHER) + "/clusters_test.npz",
+        linear=lambda w: R(XTS.XT_LINEAR, w, fit=xt_fit_name(S(w))) + "/clusters_test.npz",
     output:
-        predictions=R(lay.XT_PREDICT) + "/predictions_test.parquet",
-        record=R(lay.XT_PREDICT) + "/predict.record.json",
+        predictions=R(XTS.XT_PREDICT) + "/" + lay.PREDICTIONS,
+        record=R(XTS.XT_PREDICT) + "/" + lay.record("predict"),
     log:
         "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
     params:
@@ -207,7 +217,7 @@ rule xtransformer_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
+        "{PY} -m xmc_steps.stages.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
         "--tfidf {input.X} --emb {input.emb} --clusters {input.clusters} --linear {input.linear} --out {output.predictions} "
         "--method xtransformer " + STAGE_ARGS
 
@@ -222,13 +232,13 @@ rule xtransformer_select:
         clusters=lambda w: [f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/clusters_{s}.npz" for s in ("train", "valid")],
         linear=lambda w: [f"{xt_select_member(w).linear_dir(RES, w.dataset, 'train')}/clusters_{s}.npz"
                           for s in ("train", "valid")],
-        matcher=lambda w: f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/model.safetensors",
+        matcher=lambda w: f"{xt_select_member(w).matcher_dir(RES, w.dataset)}/{lay.WEIGHTS}",
         tree=lambda w: R(lay.TREE, w, emb=xt_select_member(w).emb, tree=xt_select_member(w).tree) + ".npz",
     output:
-        csv=R(lay.XT_SELECTION) + ".csv",
-        md=report(R(lay.XT_SELECTION) + ".md", category="{dataset}", subcategory="xtransformer",
+        csv=R(XTS.XT_SELECTION) + ".csv",
+        md=report(R(XTS.XT_SELECTION) + ".md", category="{dataset}", subcategory="xtransformer",
                   labels={"dataset": "{dataset}", "file": "validation table (candidates x combiner)"}),
-        json=R(lay.XT_SELECTION) + ".json",
+        json=R(XTS.XT_SELECTION) + ".json",
         record=R(lay.RECORDS) + "/xtransformer-selection.json",
     log:
         "logs/xtransformer_select/{dataset}.log",
@@ -243,7 +253,7 @@ rule xtransformer_select:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.xtransformer select --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
+        "{PY} -m xmc_steps.stages.xtransformer select --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
         "--clusters {input.clusters} --linear {input.linear} --matcher-model {input.matcher} --tree {input.tree} "
         "--out-csv {output.csv} --out-md {output.md} --out-json {output.json} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
@@ -251,7 +261,7 @@ rule xtransformer_select:
 
 def xt_select_member(w):
     """The member the validation table is computed for: the full method's first indexing x encoder."""
-    return lay.xt_members(S(w), None)[0]
+    return XTS.xt_members(S(w), None)[0]
 
 
 def xt_variant(w):
@@ -261,16 +271,16 @@ def xt_variant(w):
 rule xtransformer_ensemble:
     """Ensemble over indexings and encoders (Table 5 rows 7-9)."""
     input:
-        members=lambda w: [f"{m.predict_dir(RES, w.dataset)}/predictions_test.parquet"
-                           for m in lay.xt_members(S(w), xt_variant(w))],
-        labels=R(lay.INGEST) + "/labels.parquet",
+        members=lambda w: [f"{m.predict_dir(RES, w.dataset)}/{lay.PREDICTIONS}"
+                           for m in XTS.xt_members(S(w), xt_variant(w))],
+        labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
-        predictions=R(lay.XT_ENSEMBLE) + "/predictions_test.parquet",
-        record=R(lay.XT_ENSEMBLE) + "/record.json",
+        predictions=R(XTS.XT_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        record=R(XTS.XT_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/xtransformer_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": lay.xt_spec(S(w), xt_variant(w))["ensemble"],
+        settings=lambda w: json.dumps({"method": XTS.xt_spec(S(w), xt_variant(w))["ensemble"],
                                        "topk": S(w)["evaluate"]["topk"]}),
         hash=H("xtransformer_ensemble"),
     threads: 1
@@ -280,5 +290,5 @@ rule xtransformer_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.ensemble --predictions {input.members} --label-table {input.labels} "
+        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
         "--out {output.predictions} --method xtransformer " + STAGE_ARGS

@@ -164,7 +164,7 @@ config.paper.yaml states the paper's values for each benchmark (``b 20``, ``K 20
 The linear start (``head_init``)
 --------------------------------
 A random ``W_C`` over thousands of clusters is the regime in which the X-Transformer matcher
-collapsed to the frequency prior until it got its least-squares start (:mod:`xmc_steps.matcher`).
+collapsed to the frequency prior until it got its least-squares start (:mod:`xmc_steps.xtransformer.matcher`).
 ``head_init: linear`` (default, ours) starts stage 1's ``W_C`` and ``W_L`` (and ``wl_bias``) as the
 least-squares fits (:func:`xmc_steps.linear_start.least_squares_head`) of ``+-head_init_scale``
 targets on the *pre-trained* encoder's embeddings of the training texts: ``W_C`` of each document's
@@ -282,20 +282,37 @@ versions; :mod:`.guard` gives the numbers.
 
 Files: :mod:`.params` (:class:`EliasParams`), :mod:`.model` (the network, the index
 initialisation of Eqs. 9-10, inference, saving and loading), :mod:`.loss` (:func:`elias_loss`),
-:mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation), :mod:`.cli` (the stage:
-``python -m xmc_steps.elias``).
+:mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation); the stage is
+:mod:`xmc_steps.stages.elias` (``python -m xmc_steps.stages.elias``).
 """
 
-from . import guard
-from .cli import main
-from .guard import GuardReport, check_stage, guard_width
-from .loss import elias_loss
-from .model import (FORMAT, EliasModel, Shortlist, adjacency_from_assignment, build_model, cluster_topb, init_adjacency,
-                    linear_start, load_elias, partition_start, partition_targets, predict, shortlist_metrics)
-from .params import STAGE_DEFAULTS, EliasParams, default_b, default_K
-from .train import decay_touched_rows, train_elias
+from ..methods import lazy_exports
 
-__all__ = ["FORMAT", "STAGE_DEFAULTS", "EliasModel", "EliasParams", "GuardReport", "Shortlist",
-           "adjacency_from_assignment", "build_model", "check_stage", "cluster_topb", "decay_touched_rows",
-           "default_K", "default_b", "elias_loss", "guard_width", "init_adjacency", "linear_start", "load_elias", "main",
-           "partition_start", "partition_targets", "predict", "shortlist_metrics", "train_elias"]
+#: the public names, each imported from its submodule on first use (``import xmc_steps.elias.spec`` costs no torch)
+_EXPORTS = {
+    "FORMAT": ".model",
+    "STAGE_DEFAULTS": ".params",
+    "EliasModel": ".model",
+    "EliasParams": ".params",
+    "GuardReport": ".guard",
+    "Shortlist": ".model",
+    "adjacency_from_assignment": ".model",
+    "build_model": ".model",
+    "check_stage": ".guard",
+    "cluster_topb": ".model",
+    "decay_touched_rows": ".train",
+    "default_K": ".params",
+    "default_b": ".params",
+    "elias_loss": ".loss",
+    "guard_width": ".guard",
+    "init_adjacency": ".model",
+    "linear_start": ".model",
+    "load_elias": ".model",
+    "partition_start": ".model",
+    "partition_targets": ".model",
+    "predict": ".model",
+    "shortlist_metrics": ".model",
+    "train_elias": ".train",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

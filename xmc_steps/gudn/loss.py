@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -123,15 +123,18 @@ def gate_ratio(model: LightXMLModel, tokens: neural.TokenData, label_tokens: neu
 
 
 class GuideNetwork:
-    """GUDN's guide network as the LightXML trainer calls it (:data:`xmc_steps.lightxml.train.Guide`):
-    :func:`guide_loss` with ``params``.  With ``feature_weight: gated`` the trainer first calls
-    :meth:`start` on the linear start (a fresh run only) and keeps its answer in the checkpoint
-    (:meth:`bind`), so a resumed run keeps the decision its start made: the feature guide is on
-    (weight 1, Eq. 6) when :func:`gate_ratio` is at least 1, else off for the whole run."""
+    """GUDN's guide network as the LightXML trainer takes it (:class:`xmc_steps.lightxml.train.Guide`):
+    :func:`guide_loss` with ``params`` on the texts and their label sequences (``tokens``, one row per
+    training text: :func:`xmc_steps.gudn.labels.label_tokens`).  With ``feature_weight: gated`` the
+    trainer calls :meth:`start` once on the linear start and keeps its answer in the checkpoint, so a
+    resumed run keeps the decision its start made: the feature guide is on (weight 1, Eq. 6) when
+    :func:`gate_ratio` is at least 1, else off for the whole run (``gate_ratio`` and :meth:`describe`
+    say which, once started)."""
 
-    def __init__(self, params: GUDNParams, on_gate: Callable[[float, bool], Any] | None = None):
+    def __init__(self, params: GUDNParams, tokens: neural.TokenData):
         self.params = params
-        self.on_gate = on_gate
+        self.tokens = tokens
+        self.gate_ratio: float | None = None   # the start's gate_ratio (feature_weight: gated), once started
         self._on: bool | None = None
         self._off = dataclasses.replace(params, feature_guide=False)
 
@@ -139,33 +142,42 @@ class GuideNetwork:
     def needs_start(self) -> bool:
         return self.params.feature_guide and self.params.feature_weight == "gated"
 
-    def start(self, model: LightXMLModel, tokens: neural.TokenData, label_tokens: neural.TokenData, Y: sp.spmatrix,
-              device: torch.device | str, log: logging.Logger) -> float:
-        r = gate_ratio(model, tokens, label_tokens, Y, self.params.feature_loss, device)
-        verdict = ("on (weight 1, Eq. 6)" if r >= 1 else "off for this run: it would outpull the classification "
-                   "loss and draw the features together (xmc_steps.gudn); gudn.feature_weight: fixed keeps it")
-        (log.info if r >= 1 else log.warning)(
-            "gudn feature guide gate: at the linear start the classification loss pulls the encoder %.3g times as hard "
-            "as the feature guide (gradient norms over its parameters, 16 batches): the feature guide is %s", r, verdict)
-        return r
-
-    def bind(self, ratio: float) -> None:
-        """The start's :func:`gate_ratio` (restored with the checkpoint on resume) decides the run."""
-        self._on = ratio >= 1
-        if self.on_gate is not None:
-            self.on_gate(ratio, self._on)
+    def start(self, model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix, device: torch.device | str,
+              log: logging.Logger, kept: float | None = None) -> float:
+        """The gate of this run: ``kept`` (a resumed run's, from its checkpoint), or :func:`gate_ratio`
+        measured on ``model`` (a fresh run); the feature guide is on when it is at least 1."""
+        if kept is None:
+            kept = gate_ratio(model, tokens, self.tokens, Y, self.params.feature_loss, device)
+            verdict = ("on (weight 1, Eq. 6)" if kept >= 1 else "off for this run: it would outpull the classification "
+                       "loss and draw the features together (xmc_steps.gudn); gudn.feature_weight: fixed keeps it")
+            (log.info if kept >= 1 else log.warning)(
+                "gudn feature guide gate: at the linear start the classification loss pulls the encoder %.3g times as "
+                "hard as the feature guide (gradient norms over its parameters, 16 batches): the feature guide is %s",
+                kept, verdict)
+        self.gate_ratio = float(kept)
+        self._on = self.gate_ratio >= 1
+        return self.gate_ratio
 
     def feature_on(self) -> bool:
         if not self.params.feature_guide:
             return False
         if self.needs_start:
             if self._on is None:
-                raise RuntimeError("feature_weight: gated needs the start's gate (GuideNetwork.start / bind)")
+                raise RuntimeError("feature_weight: gated needs the start's gate (GuideNetwork.start)")
             return self._on
         return True
 
-    def __call__(self, model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
-                 labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
-                 ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
+    def loss(self, model: LightXMLModel, e_text: torch.Tensor, e_tokens: torch.Tensor, rows: torch.Tensor,
+             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
+             ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
+        """:func:`guide_loss` of a batch (``e_tokens``: its label sequences' features)."""
         p = self.params if self.feature_on() or not self.params.feature_guide else self._off
-        return guide_loss(model, e_text, e_label, rows, labels, p, class_loss=class_loss, max_pos=max_pos)
+        return guide_loss(model, e_text, e_tokens, rows, labels, p, class_loss=class_loss, max_pos=max_pos)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"gudn": the guide's parameters (the backbone's are the model's own), and, once started with
+        a gate, "feature_gate": {"ratio", "feature_guide_on"}}``: GUDN's entry of ``lightxml.json``."""
+        d: dict[str, Any] = {k: v for k, v in self.params.to_dict().items() if k != "backbone"}
+        if self.gate_ratio is not None:
+            d["feature_gate"] = {"ratio": self.gate_ratio, "feature_guide_on": self._on}
+        return {"gudn": d}

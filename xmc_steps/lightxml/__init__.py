@@ -212,14 +212,28 @@ global generator was in), the CLI toy's clustered mode is seen to depend on the 
 discriminator, not the generator, is what varies there).
 
 Files: :mod:`.params` (:class:`LightXMLParams`), :mod:`.model` (the network, candidates, losses,
-inference, loading), :mod:`.train` (the training driver), :mod:`.cli` (the stage:
-``python -m xmc_steps.lightxml``).
+inference, loading), :mod:`.train` (the training driver, and the :class:`~.train.Guide` another loss plugs
+in as), :mod:`.run` (a training run as the stages run it: inputs, model, training, guard, outputs).  The
+stage is :mod:`xmc_steps.stages.lightxml` (``python -m xmc_steps.stages.lightxml``).
 """
 
-from .cli import main
-from .model import FORMAT, Candidates, LightXMLModel, build_model, cluster_table, load_lightxml, predict
-from .params import TRAIN_DEFAULTS, LightXMLParams
-from .train import frequency_prior, train_lightxml, valid_metrics
+from ..methods import lazy_exports
 
-__all__ = ["FORMAT", "TRAIN_DEFAULTS", "Candidates", "LightXMLModel", "LightXMLParams", "build_model", "cluster_table",
-           "frequency_prior", "load_lightxml", "main", "predict", "train_lightxml", "valid_metrics"]
+#: the public names, each imported from its submodule on first use (``import xmc_steps.lightxml.spec`` costs no torch)
+_EXPORTS = {
+    "FORMAT": ".model",
+    "TRAIN_DEFAULTS": ".params",
+    "Candidates": ".model",
+    "Guide": ".train",
+    "LightXMLModel": ".model",
+    "LightXMLParams": ".params",
+    "build_model": ".model",
+    "cluster_table": ".model",
+    "frequency_prior": ".train",
+    "load_lightxml": ".model",
+    "predict": ".model",
+    "train_lightxml": ".train",
+    "valid_metrics": ".train",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

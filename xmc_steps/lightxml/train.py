@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,7 +34,7 @@ class _TrainBox(nn.Module):
         self.register_buffer("static_top", torch.full((n_static, model.topb if n_static else 0), -1, dtype=torch.long))
         # valid P@1 and P@5 of the linear start before the first step (-1: none measured), kept for the guard
         self.register_buffer("start_valid", torch.full((2,), -1.0, dtype=torch.float64))
-        if guide_state:   # what a guide with a ``start`` measured at the linear start (xmc_steps.gudn's gate)
+        if guide_state:   # what a guide that ``needs_start`` measured on the start (NaN: not yet)
             self.register_buffer("guide_state", torch.full((1,), float("nan"), dtype=torch.float64))
 
 
@@ -203,13 +203,41 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[
     return {"p_at_1": float(p[0]), "p_at_5": float(p[4]), f"recall_at_{k}": float(metrics.recall(scores, Y, k)[-1])}
 
 
-#: ``guide(model, e_text, e_label, rows, labels, class_loss) -> (loss, logs)``: an extra loss on the text's
-#: and its label sequence's representations before dropout (GUDN's guide network, :mod:`xmc_steps.gudn`);
-#: ``class_loss`` is the text's own classification loss of the step (a guide may weigh itself against it); it
-#: is also given ``max_pos=`` (the batch's most positives of a text, see ``LightXMLModel.candidates``); its
-#: logs may be 0-d tensors (read at the trainer's logging interval)
-Guide = Callable[[LightXMLModel, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                 tuple[torch.Tensor, Mapping[str, float]]]
+class Guide(Protocol):
+    """An extra loss that :func:`train_lightxml` adds at every step (e.g. GUDN's guide network,
+    :class:`xmc_steps.gudn.GuideNetwork`), on a second text of every training text.
+
+    * ``tokens``: the second texts' token ids, one row per training text (in the training split's
+      order); the model's encoder reads a batch's rows at every step, as it reads the texts.
+    * ``needs_start``: whether the guide measures something on the model's start (after the linear
+      start, before the first step) that a resumed run must keep.  :meth:`start` is then called once
+      per run, before the first step; the trainer's checkpoints keep what it returned.
+    * :meth:`loss` of every step, on the representations before dropout.
+    * :meth:`describe`: what the model's description (``lightxml.json``) records about the guide
+      (:func:`xmc_steps.lightxml.run.run_training`)."""
+
+    tokens: neural.TokenData
+    needs_start: bool
+
+    def start(self, model: LightXMLModel, tokens: neural.TokenData, Y: sp.csr_matrix, device: torch.device,
+              log: logging.Logger, kept: float | None) -> float:
+        """The value to keep for this run: ``kept`` (what a resumed run's checkpoint kept), or, on a
+        fresh run (``kept is None``), what the guide measures on ``model`` and the training data."""
+        ...
+
+    def loss(self, model: LightXMLModel, e_text: torch.Tensor, e_tokens: torch.Tensor, rows: torch.Tensor,
+             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
+             ) -> tuple[torch.Tensor, Mapping[str, Any]]:
+        """``(loss, logs)`` of a batch: ``e_text`` and ``e_tokens`` are the encoder's representations of
+        the texts and of their second texts (``tokens``), ``rows, labels`` the positives
+        (:func:`positive_pairs`), ``class_loss`` the texts' own classification loss of the step (a guide
+        may weigh itself against it), ``max_pos`` as for :meth:`LightXMLModel.candidates`.  The logs may
+        be 0-d tensors (read at the trainer's logging interval)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Entries for the trained model's description (once trained: what :meth:`start` decided too)."""
+        ...
 
 
 def memory_bytes(model: LightXMLModel, n_train: int, batch_size: int) -> int:
@@ -230,13 +258,11 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                    ckpt_dir: str | os.PathLike | None, log: logging.Logger | None = None,
                    on_step: Callable[[int, dict[str, float]], Any] | None = None,
                    valid: tuple[neural.TokenData, sp.spmatrix] | None = None,
-                   fingerprint: Mapping[str, Any] | None = None,
-                   guide: Guide | None = None, label_tokens: neural.TokenData | None = None) -> Trainer:
+                   fingerprint: Mapping[str, Any] | None = None, guide: Guide | None = None) -> Trainer:
     """Train ``model`` with Eq. 6 (one learning rate for every part, AdamW's decay except on biases
     and LayerNorm).  ``params`` must be resolved (:meth:`LightXMLParams.resolved`).  Resumes from
     ``ckpt_dir``.  The model ends on the training device with the weight average copied in (when
-    the run took any).  With ``guide`` and ``label_tokens`` (one token row per training text: its
-    labels' texts) the guide's loss is added at every step."""
+    the run took any).  With ``guide`` (:class:`Guide`) the guide's loss is added at every step."""
     log = log or neural._default_log
     tp = params.train
     if not tp.is_resolved or params.eval_every is None:
@@ -246,8 +272,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     n = len(tokens)
     if Y.shape != (n, model.n_labels):
         raise ValueError(f"Y has shape {Y.shape}, expected ({n}, {model.n_labels})")
-    if (guide is None) != (label_tokens is None) or (label_tokens is not None and len(label_tokens) != n):
-        raise ValueError("a guide needs label tokens, one row per training text")
+    if guide is not None and len(guide.tokens) != n:
+        raise ValueError("a guide needs tokens, one row per training text")
     generator = [(f"generator.{k}", v) for k, v in model.generator.named_parameters()]
     discriminator = []
     if not model.flat:
@@ -264,15 +290,15 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     if static_at is not None and model.flat:
         raise ValueError("static negatives need label clusters: with one label per cluster every label is scored "
                          "(set flat_max_labels below the number of labels for a clustered model)")
-    guide_start = guide is not None and bool(getattr(guide, "needs_start", False))
+    guide_start = guide is not None and bool(guide.needs_start)
     box = _TrainBox(model, swa, n if static_at is not None else 0, guide_state=guide_start)
     fp = {"model": model.describe(), "encoder": params.encoder, "last_k": params.last_k, "swa": [swa_first, swa_every],
           "negatives": params.negatives, "static_step": static_at, "lr_generator": params.lr_generator,
           "start": [params.head_init] + ([params.head_init_l2, params.head_init_scale] if params.head_init == "linear" else [])
           + ([f"discriminator-{params.discriminator_init}"] if not model.flat else []),
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices)}
-    if label_tokens is not None:
-        fp["label_tokens"] = digest(label_tokens.input_ids, label_tokens.lengths)
+    if guide is not None:   # (the key's name predates the generic guide: kept for the checkpoints)
+        fp["label_tokens"] = digest(guide.tokens.input_ids, guide.tokens.lengths)
     if not model.flat:
         fp["clusters"] = digest(model.cluster_of.cpu().numpy())
     fp.update(dict(fingerprint or {}))
@@ -291,9 +317,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
                       amp=params.amp)
     if guide_start:   # measured once, at the start; a resumed run keeps its checkpoint's
-        if np.isnan(float(box.guide_state[0])):
-            box.guide_state.fill_(guide.start(model, tokens, label_tokens, Y, trainer.device, log))
-        guide.bind(float(box.guide_state[0]))
+        kept = float(box.guide_state[0])
+        box.guide_state.fill_(guide.start(model, tokens, Y, trainer.device, log, None if np.isnan(kept) else kept))
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
 
@@ -326,8 +351,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                  "max_pos": int(n_pos.max()) if len(n_pos) else 0}
         if static_at is not None:
             batch["idx"] = torch.from_numpy(np.asarray(idx, dtype=np.int64))
-        if label_tokens is not None:
-            batch["label_ids"], batch["label_mask"] = label_tokens.batch(idx)
+        if guide is not None:
+            batch["guide_ids"], batch["guide_mask"] = guide.tokens.batch(idx)
         return batch
 
     def loss_fn(m: _TrainBox, b):
@@ -342,8 +367,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
             loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=m.static_top[b["idx"]], max_pos=b["max_pos"])
         logs = {"loss_g": lg, "loss_d": ld}        # tensors: read at the logging interval, no sync per step
         if guide is not None:
-            extra, more = guide(net, raw, net.encoder(b["label_ids"], b["label_mask"]), b["rows"], b["labels"], loss,
-                                max_pos=b["max_pos"])
+            extra, more = guide.loss(net, raw, net.encoder(b["guide_ids"], b["guide_mask"]), b["rows"], b["labels"],
+                                     loss, max_pos=b["max_pos"])
             loss = loss + extra
             logs.update(more)
         return loss, logs

@@ -1,0 +1,69 @@
+"""Parabel baseline through the ``omikuji`` package, on the pipeline's TF-IDF features.
+
+omikuji's default hyper-parameters are Parabel's (balanced 2-means trees, 3 trees,
+max depth 20, leaves of at most 100 labels, hinge-loss liblinear rankers (dual L2-loss SVM) with
+C = 1, eps 0.1, weights below 0.1 dropped); they come from config (``parabel``).
+
+omikuji trains from a file in the Extreme Classification Repository format; the
+features are written to a temporary file in the model folder and removed afterwards.
+Rows without features are written without a trailing space (omikuji rejects it).
+
+The stage (``train``, ``predict``): :mod:`xmc_steps.stages.parabel`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import io
+
+HYPER_KEYS = {
+    "n_trees": "n_trees", "max_depth": "max_depth", "cluster_k": "cluster_k", "min_branch_size": "min_branch_size",
+    "linear_c": "linear_c", "linear_eps": "linear_eps", "linear_weight_threshold": "linear_weight_threshold",
+    "linear_max_iter": "linear_max_iter",
+}
+
+
+def write_xmc_file(path: Path, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
+    """Write features and labels in the Extreme Classification Repository text format."""
+    X, Y = sp.csr_matrix(X), sp.csr_matrix(Y)
+    with io.atomic_path(path) as tmp, open(tmp, "w", encoding="ascii") as fh:
+        fh.write(f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}\n")
+        for i in range(X.shape[0]):
+            labs = ",".join(map(str, Y.indices[Y.indptr[i]:Y.indptr[i + 1]]))
+            a, b = X.indptr[i], X.indptr[i + 1]
+            feats = " ".join(f"{j}:{v:.6g}" for j, v in zip(X.indices[a:b], X.data[a:b]))
+            fh.write(f"{labs} {feats}\n" if feats else f"{labs}\n")
+
+
+def train(X: sp.csr_matrix, Y: sp.csr_matrix, params: dict[str, Any], workdir: Path, threads: int):
+    import omikuji
+
+    hp = omikuji.Model.default_hyper_param()
+    for k, attr in HYPER_KEYS.items():
+        if k in params:
+            setattr(hp, attr, type(getattr(hp, attr))(params[k]))
+    data = workdir / "train.omikuji.txt"
+    write_xmc_file(data, X, Y)
+    try:
+        return omikuji.Model.train_on_data(str(data), hp, n_threads=threads)
+    finally:
+        data.unlink(missing_ok=True)
+
+
+def predict(model, X: sp.csr_matrix, topk: int, beam: int, n_labels: int) -> sp.csr_matrix:
+    """Top-``topk`` scores per row as CSR (omikuji's beam search, width ``beam``)."""
+    X = sp.csr_matrix(X)
+    rows, cols, vals = [], [], []
+    for i in range(X.shape[0]):
+        a, b = X.indptr[i], X.indptr[i + 1]
+        feats = list(zip(X.indices[a:b].tolist(), X.data[a:b].tolist()))
+        for lab, s in model.predict(feats, beam_size=beam, top_k=topk):
+            rows.append(i)
+            cols.append(lab)
+            vals.append(s)
+    return sp.csr_matrix((np.asarray(vals, np.float32), (rows, cols)), shape=(X.shape[0], n_labels))

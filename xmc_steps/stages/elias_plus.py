@@ -1,0 +1,141 @@
+"""ELIAS++ (§3.5) stage: train the sparse ranker over ELIAS's top predictions, fit the score
+calibration, predict (the method: :mod:`xmc_steps.elias_plus`).
+
+CLI::
+
+    python -m xmc_steps.stages.elias_plus train --tfidf X_train.npz [..] --emb emb_train.npz [..] \\
+        --labels Y_train.npz [..] --candidates elias_train.parquet [..] --out DIR --params JSON
+    python -m xmc_steps.stages.elias_plus calibrate --model DIR --tfidf X_valid.npz --emb emb_valid.npz \\
+        --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL --params JSON
+    python -m xmc_steps.stages.elias_plus predict --model DIR [--calibration DIR_CAL] --tfidf X_test.npz \\
+        --emb emb_test.npz --candidates elias_test.parquet --out predictions.parquet --params JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import elias_plus, io
+from ..elias_plus import FORMAT, EliasPlusParams
+from ..errors import StageError
+from ..ranker import ranker_features
+from ..stage import add_common_args, cli_main, stage_run
+
+
+def _stack_csr(paths):
+    return sp.vstack([io.load_csr(p) for p in paths], format="csr")
+
+
+def _stack_emb(paths):
+    return np.vstack([io.load_arrays(p)["emb"] for p in paths])
+
+
+def _stack_pred(paths, L):
+    return sp.vstack([io.read_predictions(p, L) for p in paths], format="csr")
+
+
+def _params(st) -> EliasPlusParams:
+    try:
+        return EliasPlusParams.from_dict(st.params)
+    except (TypeError, ValueError) as e:
+        raise StageError(str(e)) from e
+
+
+def _inputs(args, st, p, L):
+    X = _stack_csr(args.tfidf)
+    E = _stack_emb(args.emb)
+    Xr = ranker_features(X, E, "tfidf+neural", p.neural_weight)
+    cand = elias_plus.candidates(_stack_pred(args.candidates, L), p.n_candidates)
+    if cand.shape[0] != Xr.shape[0]:
+        raise StageError(f"{sum(1 for _ in args.candidates)} candidate table(s) hold {cand.shape[0]} rows "
+                         f"but the features {Xr.shape[0]}")
+    return Xr, cand
+
+
+def _train_cli(args) -> None:
+    out = Path(args.out)
+    with stage_run("elias_plus_ranker", args, outputs=[str(out)]) as st:
+        p = _params(st)
+        st.params.clear()
+        st.params.update(p.to_dict())
+        Y = _stack_csr(args.labels)
+        L = Y.shape[1]
+        Xr, cand = _inputs(args, st, p, L)
+        st.log.info("sparse ranker: %d labels, %d instances x %d features, %d candidates (%.1f per row)",
+                    L, Xr.shape[0], Xr.shape[1], cand.nnz, cand.nnz / max(1, cand.shape[0]))
+        with st.timed("train"):
+            W = elias_plus.train(Xr, Y, cand, p, progress=st.progress("rankers (labels)", L))
+        with io.atomic_dir(out) as tmp:
+            io.save_csr(tmp / "W.npz", W)
+            io.save_arrays(tmp / "label_freq.npz", freq=np.asarray(Y.sum(axis=0)).ravel().astype(np.int64))
+            io.write_json(tmp / "ranker.json", {"format": FORMAT, "params": p.to_dict(), "n_features": int(Xr.shape[1]),
+                                               "n_labels": int(L)})
+        st.output("model", out)
+        st.extra["model_paths"] = [str(out)]
+        st.metric("ranker_nnz", W.nnz)
+
+
+def _calibrate_cli(args) -> None:
+    out = Path(args.out)
+    with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
+        W, meta = elias_plus.load_ranker(args.model)
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
+        L = meta["n_labels"]
+        Y = _stack_csr(args.labels)
+        Xr, cand = _inputs(args, st, p, L)
+        h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
+        coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
+        y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
+        F = elias_plus.calibration_features(h, cand.data, cand.indices, elias_plus.label_train_freq(args.model))
+        with st.timed("fit"):
+            tree = elias_plus.fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
+        with io.atomic_dir(out) as tmp:
+            io.save_arrays(tmp / "calibration.npz", **tree)
+            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
+                                                     "positives": int(y.sum()),
+                                                     "features": ["ranker_margin", "elias_score", "label_train_freq"]})
+        st.output("calibration", out)
+        st.extra["model_paths"] = [str(out)]
+        st.metric("n_fit_candidates", len(y))
+        st.metric("fit_positive_rate", float(y.mean()))
+
+
+def _predict_cli(args) -> None:
+    with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
+        W, meta = elias_plus.load_ranker(args.model)
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
+        L = meta["n_labels"]
+        Xr, cand = _inputs(args, st, p, L)
+        t0 = time.perf_counter()
+        tree = io.load_arrays(Path(args.calibration) / "calibration.npz") if args.calibration else None
+        out = elias_plus.plus_scores(Xr, W, cand, p, tree,
+                                     elias_plus.label_train_freq(args.model) if tree is not None else None)
+        st.predictions(args.out, out, p.topk, time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m xmc_steps.stages.elias_plus", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("train", "calibrate", "predict"):
+        q = add_common_args(sub.add_parser(name))
+        q.add_argument("--tfidf", nargs="+", required=True)
+        q.add_argument("--emb", nargs="+", required=True)
+        q.add_argument("--candidates", nargs="+", required=True, help="ELIAS prediction tables (top-K)")
+        q.add_argument("--out", required=True)
+        if name != "predict":
+            q.add_argument("--labels", nargs="+", required=True)
+        if name != "train":
+            q.add_argument("--model", required=True)
+        if name == "predict":
+            q.add_argument("--calibration", default=None)
+    args = ap.parse_args(argv)
+    {"train": _train_cli, "calibrate": _calibrate_cli, "predict": _predict_cli}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))

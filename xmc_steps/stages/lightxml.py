@@ -1,0 +1,85 @@
+"""LightXML (Jiang et al., AAAI 2021) stage: train, predict (the method: :mod:`xmc_steps.lightxml`).
+
+CLI::
+
+    python -m xmc_steps.stages.lightxml train --tokens-dir DIR --labels-train Y_train.npz \\
+        --labels-valid Y_valid.npz --tree tree.npz --out DIR --params JSON [common args]
+    python -m xmc_steps.stages.lightxml predict --model DIR --tokens tokens_test.npz --out predictions.parquet \\
+        --params JSON [common args]
+
+``train`` writes ``model.safetensors``, ``lightxml.json`` (format, encoder, L, K, flat, the
+parameters, the validation figures next to the frequency prior's), ``curve.png`` (valid P@1 over the
+steps, the prior as a line).  The clusters are the finest level of ``--tree`` unless the label
+set is small (``L <= flat_max_labels``: one label per cluster, the tree is not used).  The stage
+fails when the model's valid P@1 is not above the frequency prior's (``allow_weak: true`` makes
+that a warning).  Checkpoints go to ``OUT/checkpoints`` and are removed once every output is
+written (:func:`xmc_steps.lightxml.run.run_training`).  ``predict`` writes the top-``topk`` (default
+100) labels by ``p`` (:func:`xmc_steps.io.write_predictions`) and ``predict_latency_ms_per_doc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import StageError
+from ..lightxml.model import load_lightxml, predict
+from ..lightxml.params import LightXMLParams
+from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
+from ..neural_stage import prediction_inputs, stage_params
+from ..stage import add_neural_training_args, add_common_args, cli_main, stage_run
+
+
+def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
+    return stage_params(st, LightXMLParams, rule, "lightxml")
+
+
+def _train_main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    with stage_run("lightxml_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
+        params = _parse_params(st, args, "lightxml_train")
+        with st.timed("load"):
+            data = load_training_data(args.tokens_dir, args.labels_train, args.labels_valid, args.tree,
+                                      params.flat_max_labels)
+        params, width = fit_params(params, data)
+        st.params.clear()
+        st.params.update(params.to_dict())
+        run_training(st, out, params, data, width, method="lightxml", config_section="lightxml")
+
+
+def _predict_main(args: argparse.Namespace) -> None:
+    with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
+        params = _parse_params(st, args, "lightxml_predict")
+        _, tokens, device = prediction_inputs(st, params, args.model, "lightxml.json", args.tokens)
+        with st.timed("load"):
+            try:
+                model = load_lightxml(args.model, device)
+            except (OSError, ValueError, KeyError) as e:
+                raise StageError(f"--model {args.model}: {e}") from e
+        st.params.update({"topk": params.topk, "model": str(args.model)})
+        with st.timed("predict"):
+            r = predict(model, tokens, params.topk, params.eval_batch_size, device, params.amp, progress=st.log.info)
+        st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
+        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m xmc_steps.stages.lightxml", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train a LightXML model")
+    add_neural_training_args(t, "its finest level gives the clusters")
+    add_common_args(t)
+    q = sub.add_parser("predict", help="top-k predictions of a trained model")
+    q.add_argument("--model", required=True, help="a train output folder")
+    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
+    q.add_argument("--out", required=True, help="predictions Parquet (top-k labels by p)")
+    add_common_args(q)
+    args = p.parse_args(argv)
+    if args.cmd == "train":
+        _train_main(args)
+    else:
+        _predict_main(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))

@@ -1,0 +1,52 @@
+"""X-Transformer's predictor for :mod:`xmc_steps.serving` (``python -m xmc_steps.stages.predict``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import scipy.sparse as sp
+import torch
+
+from .. import io, neural
+from ..layout import GUARD, WEIGHTS
+from ..ranker import ranker_features
+from ..search import matcher_scores
+from ..serving import Features, Target, cached, ensemble_of
+from ..xr_linear.model import XRLinearModel
+from . import ranker
+from .matcher import head_linear_topb, load_matcher, topb_from_emb
+from .spec import linear_model_dir, xt_members, xt_spec
+
+
+def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
+    """Each member as its stages score the test split: the matcher's encoder pass and top-b clusters (by
+    the scorer its guard chose), the linear tree's beam, Eq. 2 over the candidate clusters."""
+    xt = t.settings["xtransformer"]
+    spec = xt_spec(t.settings, variant)
+    members = xt_members(t.settings, variant)
+    k = max(topk, int(t.settings["evaluate"]["topk"])) if len(members) > 1 else topk
+    topb = int(xt["matcher"]["topb"])
+    fit = "+".join(xt["fit_on"])
+    dev = neural.resolve_device(device)
+    out = []
+    for m in members:
+        mdir, rdir = Path(m.matcher_dir(t.res, t.dataset)), Path(m.ranker_dir(t.res, t.dataset)) / "model"
+        ldir = Path(linear_model_dir(t.res, t.dataset, t.settings, m.emb, m.tree, fit))
+        t.need(mdir / "matcher.json", mdir / WEIGHTS, mdir / GUARD, rdir / "ranker.json", ldir)
+        meta = io.read_json(mdir / "matcher.json")
+        matcher = cached(("matcher", str(mdir), str(dev)), lambda: load_matcher(mdir, dev))
+        tokens = f.tokens(meta["encoder"], meta["max_length"])
+        emb = neural.embed(matcher.encoder, tokens, 128, dev, xt["matcher"].get("amp", "auto"), progress=None)
+        head = matcher.head.weight.detach().float().cpu().numpy()
+        linear = cached(("xr-linear", str(ldir)), lambda: XRLinearModel.load(ldir))
+        lin_top = linear.predict_clusters(f.tfidf, beam=topb, transform=linear.params.transform, keep=topb)
+        scorer = io.read_json(mdir / GUARD).get("scorer", "head")
+        with torch.no_grad():
+            top = head_linear_topb(emb, head, lin_top, topb, dev) if scorer == "head+linear" else topb_from_emb(emb, head, topb, dev)
+        W, C, p, rmeta = cached(("xt-ranker", str(rdir)), lambda: ranker.load(rdir))
+        p = type(p).from_dict({**p.to_dict(), "topb": topb, "topk": k, "candidates": m.candidates,
+                               "combiner": m.combiner, "transform": xt["ranker"]["transform"]})
+        Xr = ranker_features(f.tfidf, emb, p.ranker_input, p.neural_weight)
+        G = matcher_scores(ranker.candidate_clusters(top, lin_top, p.candidates, p.topb), emb, head)
+        out.append(ranker.predict(Xr, W, C, G, p))
+    return ensemble_of(out, spec["ensemble"], topk)
