@@ -105,13 +105,15 @@ class MethodSpec:
         return getattr(importlib.import_module(module), attr)
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+def lazy_exports(package: str, exports: Mapping[str, str], modules: tuple[str, ...] = ()) -> Callable[[str], Any]:
     """A package's module ``__getattr__`` (PEP 562) that imports each re-exported name from its
     submodule (``exports``: name -> ``.submodule``) on first use: ``import xmc_steps.elias.spec``
     (what Snakemake does for every method) then costs no torch, while ``from xmc_steps.elias import
-    train_elias`` still works."""
+    train_elias`` still works.  ``modules``: submodules reachable as attributes without an import."""
 
     def __getattr__(name: str) -> Any:
+        if name in modules:                      # a submodule as an attribute (``xtransformer.matcher``)
+            return importlib.import_module(f".{name}", package)
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(exports[name], package), name)

@@ -211,37 +211,23 @@ P@1, 31.45 against 23.01 R@100) and equal them where K <= b (debtags, reuters).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..methods import lazy_exports
 
 #: the public names, each imported from its module on first use (PEP 562): importing the package
 #: (or a light module of it) loads nothing else, and the rankers' stage, which never needs torch
 #: (:mod:`.ranker`, :mod:`.guard`), does not load it through :mod:`.params` or :mod:`.matcher`
 _MODULE_OF = {
-    **{name: "guard" for name in ("GuardReport", "alone_failure", "check_guard", "check_matcher", "cluster_recall",
+    **{name: ".guard" for name in ("GuardReport", "alone_failure", "check_guard", "check_matcher", "cluster_recall",
                                   "frequency_topb", "guard_width", "top1_precision")},
-    **{name: "matcher" for name in (
+    **{name: ".matcher" for name in (
         "MatcherModel", "build_model", "cluster_targets", "evaluate_clusters", "finish_matcher", "head_linear_topb",
         "linear_head", "load_cluster_assignment", "load_matcher", "matcher_bytes", "predict_clusters", "refit_head",
         "squared_hinge_loss", "topb_from_emb", "train_matcher")},
-    **{name: "params" for name in ("HEAD_INITS", "SCORERS", "TRAIN_DEFAULTS", "TRAIN_MOVED", "MatcherParams")},
-    **{name: "ranker" for name in ("CANDIDATES", "COMBINERS", "RANKER_INPUTS", "XTransformerRankerParams",
+    **{name: ".params" for name in ("HEAD_INITS", "SCORERS", "TRAIN_DEFAULTS", "TRAIN_MOVED", "MatcherParams")},
+    **{name: ".ranker" for name in ("CANDIDATES", "COMBINERS", "RANKER_INPUTS", "XTransformerRankerParams",
                                    "candidate_clusters", "load_head", "ranker_bytes")},
 }
 _MODULES = ("guard", "matcher", "params", "ranker")
 
 __all__ = [*_MODULES, *_MODULE_OF]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__ = lazy_exports(__name__, _MODULE_OF, _MODULES)
