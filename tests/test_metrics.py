@@ -299,3 +299,23 @@ def test_shape_mismatch_raises():
         M.precision(np.zeros((2, 5)), TRUTH, 1)
     with pytest.raises(ValueError):
         M.psprecision(DENSE, TRUTH, W[:3], 1)
+
+
+def test_zero_shot_counts_only_the_labels_training_never_saw():
+    import scipy.sparse as sp
+
+    from xmc_steps import metrics as xm
+
+    freq = np.array([5, 3, 0, 0])                       # labels 2 and 3: never in training
+    truth = sp.csr_matrix(np.array([[1, 0, 1, 0],       # one seen, one unseen label
+                                    [0, 1, 0, 0],       # seen only: not a zero-shot document
+                                    [0, 0, 0, 1]]))     # unseen only
+    seen_only = sp.csr_matrix(np.array([[0.9, 0.5, 0, 0], [0.1, 0.9, 0, 0], [0.8, 0.7, 0, 0]]))
+    zs = xm.zero_shot(seen_only, truth, freq)
+    assert zs["n_docs"] == 2 and zs["n_labels"] == 2
+    assert zs["p_at_1"] == 0.0 and zs["recall_at_100"] == 0.0         # a classifier of seen labels scores 0
+    ranks_unseen = sp.csr_matrix(np.array([[0.1, 0, 0.9, 0.2], [0, 0, 0, 0], [0.5, 0, 0.2, 0.4]]))
+    zs = xm.zero_shot(ranks_unseen, truth, freq)
+    assert zs["p_at_1"] == pytest.approx(50.0)          # doc 0: label 2 first; doc 2: label 0 first
+    assert zs["recall_at_10"] == pytest.approx(100.0)
+    assert xm.zero_shot(ranks_unseen, truth, np.array([1, 1, 1, 1])) is None

@@ -450,6 +450,37 @@ def n_docs_without_labels(truth: Any) -> int:
     return int((np.diff(t.indptr) == 0).sum())
 
 
+def zero_shot(scores: Any, truth: Any, train_freq: Any, k: int = 100) -> dict[str, Any] | None:
+    """Metrics over the labels training never saw, as **percentages (0-100)**; None when the test
+    split has none.
+
+    The reading (the dual-encoder issue: "the test documents whose labels never occur in training"):
+    the unseen labels are those with ``train_freq == 0`` (the training labels the caller counts: train,
+    and valid where a method fits on it); the documents are the test documents with at least one
+    unseen label, and their truth is restricted to the unseen labels.  The rankings are the methods'
+    own, unchanged: P@j counts the unseen relevant labels among a document's top j (a method that
+    scores only labels it was trained on gets 0), R@j the share of a document's unseen labels in its
+    top j.  Keys: ``n_docs``, ``n_labels`` (unseen labels that occur in test), ``p_at_{1,3,5}``,
+    ``recall_at_{10,100}``.
+    """
+    freq = np.asarray(train_freq).ravel()
+    t = _as_truth(truth)
+    unseen = freq == 0
+    tz = t.multiply(sp.csr_matrix(unseen.astype(np.float32))).tocsr()
+    tz.eliminate_zeros()
+    rows = np.flatnonzero(np.diff(tz.indptr) > 0)
+    if rows.size == 0:
+        return None
+    S = _as_scores(scores)
+    acc = _accumulate(S[rows], tz[rows], k)
+    n = acc["n_docs"]
+    p, rec = _mean(acc["p"], n), _mean(acc["recall"], n)
+    out: dict[str, Any] = {"n_docs": int(rows.size), "n_labels": int(np.unique(tz.indices).size)}
+    out.update({f"p_at_{j}": float(100.0 * p[j - 1]) for j in (1, 3, 5)})
+    out.update({f"recall_at_{j}": float(100.0 * rec[j - 1]) for j in (10, 100)})
+    return out
+
+
 def all_metrics(
     scores: Any,
     truth: Any,

@@ -134,6 +134,11 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
             curve = m.pop(xm.CURVE_KEY)
         except ValueError as e:
             raise StageError(f"cannot evaluate: {e}") from e
+    with st.timed("zero_shot"):
+        zs = xm.zero_shot(scores, truth, freq)
+    if zs is not None:
+        log.info("zero-shot: %d test documents hold %d labels training never saw: P@1 %.2f, R@100 %.2f",
+                 zs["n_docs"], zs["n_labels"], zs["p_at_1"], zs["recall_at_100"])
     n_empty = xm.n_docs_without_labels(truth)
     if n_empty:
         log.info("%d of %d test documents have no label; excluded from the averages", n_empty, n_test)
@@ -170,6 +175,7 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "n_train_docs": int(Y_train.shape[0]),
         "prediction_k": pred_k,
         "recall_curve": curve,
+        "zero_shot": zs,
         "propensity": {"A": A, "B": B},
         "decile_bins": {
             "n_bins": N_BINS,
