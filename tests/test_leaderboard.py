@@ -155,3 +155,13 @@ def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
                                        "--no-tracking"]) == 0
     assert "| yes * |" in out.read_text()
     assert "| yes * |" in leaderboard.cross_dataset([out.parent / "leaderboard.csv"])
+
+
+def test_zero_shot_columns_appear_when_a_result_has_them():
+    zs = {"n_docs": 3, "n_labels": 4, "p_at_1": 12.5, "p_at_3": 5.0, "p_at_5": 3.0, "recall_at_10": 20.0,
+          "recall_at_100": 40.0}
+    rows = leaderboard.rows_of([_res("dual-encoder", 30.0, zero_shot=zs), _res("xr-linear", 40.0, zero_shot=None)])
+    assert rows[1]["zero_shot_p_at_1"] == 12.5 and rows[0]["zero_shot_p_at_1"] is None
+    md = leaderboard.markdown("d", rows)
+    assert "zero-shot P@1" in md and "| 12.50 | 40.00 |" in md
+    assert "zero-shot" not in leaderboard.markdown("d", leaderboard.rows_of([_res("xr-linear", 40.0)])).split("\n")[4]

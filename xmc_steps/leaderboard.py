@@ -122,6 +122,8 @@ def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | 
         row["model_size_mb"] = (r.get("model_size_bytes") or 0) / 2**20
         row["device"] = r.get("device")
         row["machine"] = _machine(r)
+        zs = r.get("zero_shot") or {}
+        row["zero_shot_p_at_1"], row["zero_shot_recall_at_100"] = zs.get("p_at_1"), zs.get("recall_at_100")
         for k in ("p_at_1", "p_at_3", "p_at_5"):
             row[f"gain_{k}"] = (m[k] - base[k]) / base[k] * 100 if base and base[k] else None
         paper = select_reported(reported or {}, r["dataset"], r["method"]) or r.get("reported") or {}
@@ -209,17 +211,21 @@ def _settings_cell(r: Mapping[str, Any]) -> str:
 def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
     seeds = any(r.get("n_seeds") for r in rows)
     marks = any(r.get("paper_settings") is not None or r.get("paper_note") for r in rows)
-    cols = ["method"] + METRICS + (["seeds_p_at_1"] if seeds else []) + [
+    zero = any(r.get("zero_shot_p_at_1") is not None for r in rows)
+    cols = ["method"] + METRICS + (["seeds_p_at_1"] if seeds else []) + (
+        ["zero_shot_p_at_1", "zero_shot_recall_at_100"] if zero else []) + [
         "train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
         "paper_p_at_3", "paper_p_at_5"] + (["paper_settings"] if marks else []) + ["machine"]
     names = {**HEAD, "method": "target", "train_time_s": "train s", "predict_ms_per_doc": "predict ms/doc",
              "model_size_mb": "model MB", "gain_p_at_1": "P@1 gain over Parabel %", "paper_p_at_1": "paper P@1",
              "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine",
              "seeds_p_at_1": "P@1 over seeds (n); ≈ within noise of the row above",
-             "paper_settings": "paper's settings (* another split)"}
+             "paper_settings": "paper's settings (* another split)",
+             "zero_shot_p_at_1": "zero-shot P@1", "zero_shot_recall_at_100": "zero-shot R@100"}
     out = [f"# Leaderboard: {dataset}", "",
            "Metrics in percent on the test split, best P@1 first; 'paper' columns are the papers' own figures for this "
-           "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data.", "",
+           "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data; zero-shot: over "
+           "the test labels that training never saw (xmc_steps.metrics.zero_shot).", "",
            "| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         out.append("| " + " | ".join(_seed_cell(r) if c == "seeds_p_at_1" else _settings_cell(r) if c == "paper_settings"
