@@ -88,21 +88,23 @@ def test_stage_parameters_convert_yaml_strings_and_keep_their_checks():
 # --------------------------------------------------------------------------- one source of defaults
 
 #: keys config.yaml sets to something else than the class default, on purpose (dotted, per section)
-DEFAULTS_ALLOWED = {
-    # config.yaml names an encoder by its key (`minilm`); the rule passes the encoder it stands for
-    "xtransformer.matcher.encoder", "lightxml.encoder", "gudn.backbone.encoder",
-    "elias (stage 1).encoder", "elias (stage 2).encoder",
-    # the token width picks the token files the rule reads; the class takes it from those tokens (None)
-    "xtransformer.matcher.max_length", "lightxml.max_length", "gudn.backbone.max_length",
-    "elias (stage 1).max_length", "elias (stage 2).max_length",
-}
+#: keys whose config value is not the class's by design, in every section: config.yaml names an encoder by
+#: its key (`minilm`; the rule passes the encoder it stands for), and the token width picks the token files
+#: the rule reads (the class takes it from those tokens: None)
+DEFAULTS_ALLOWED_KEYS = {"encoder", "max_length"}
 #: the sections compared with their class (ELIAS: :func:`_elias_stage`), every section a parameter class reads
 #: (tests/test_settings_source.py's SECTIONS).  Not here: `cluster` and `parabel` (their stages take flags, no
 #: Params class)
-DEFAULTS_SECTIONS = [("xr_linear", XRLinearParams), ("xtransformer.matcher", MatcherParams),
-                     ("xtransformer.ranker", "xmc_steps.xtransformer:XTransformerRankerParams"),
-                     ("elias.plus", "xmc_steps.elias_plus:EliasPlusParams"),
-                     ("lightxml", "xmc_steps.lightxml:LightXMLParams"), ("gudn", "xmc_steps.gudn:GUDNParams")]
+def _defaults_sections() -> list[tuple[str, str]]:
+    """Each method's config sections and their parameter classes (the registry's specs), but ELIAS's own
+    section (its stages' defaults differ: :func:`_elias_stage`) and maps (``*``)."""
+    from xmc_steps import registry
+
+    return [(where, ref) for spec in registry.METHODS.values() for where, ref, _ in spec.params
+            if "*" not in where and where != "elias"]
+
+
+DEFAULTS_SECTIONS = _defaults_sections()
 
 
 def _drift(section: dict, default, where: str) -> list[str]:
@@ -115,7 +117,7 @@ def _drift(section: dict, default, where: str) -> list[str]:
     names = {f.name for f in dataclasses.fields(default)}
     for key, value in section.items():
         here = f"{where}.{key}"
-        if key not in names or here in DEFAULTS_ALLOWED:
+        if key not in names or key in DEFAULTS_ALLOWED_KEYS:
             continue
         d = getattr(default, key)
         if isinstance(d, Params):

@@ -23,7 +23,8 @@ def test_every_job_rule_declares_its_resources():
         where = f"{fname}: rule {name}"
         assert "conda:" in body, where
         assert "localrule: True" in body or all(k in body for k in ("log:", "threads:", "mem_mb=", "runtime=")), where
-        assert ("gpu=1" in body) == (name in GPU_RULES), where
+        assert ("gpu=1" in body) == ("envs/gpu.yaml" in body), where      # a GPU rule runs in the GPU env
+        assert name not in GPU_RULES or "gpu=1" in body, where
     assert GPU_RULES <= seen
 
 

@@ -24,34 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from xmc_steps import config, negatives, params
+from xmc_steps import config, negatives, params, registry
 from xmc_steps.params import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: each class by the places it may live while the modules move (the first that imports wins)
-CLASSES = {
-    "XRLinearParams": ("xmc_steps.xr_linear.params", "xmc_steps.xr_linear"),
-    "MatcherParams": ("xmc_steps.xtransformer.params", "xmc_steps.xtransformer", "xmc_steps.matcher"),
-    "XTransformerRankerParams": ("xmc_steps.xtransformer.ranker", "xmc_steps.xtransformer"),
-    "EliasParams": ("xmc_steps.elias.params",),
-    "EliasPlusParams": ("xmc_steps.elias_plus", "xmc_steps.elias.plus"),
-    "LightXMLParams": ("xmc_steps.lightxml.params",),
-    "GUDNParams": ("xmc_steps.gudn.params",),
-}
-
-#: the settings sections a parameter class reads: (dotted section of the schema's settings, class,
-#: sub-sections whose keys are fields of the same class); ``*`` is every key of a map
-SECTIONS = [
-    ("xr_linear", "XRLinearParams", ()),
-    ("xtransformer.matcher", "MatcherParams", ()),
-    ("xtransformer.ranker", "XTransformerRankerParams", ()),
-    ("xtransformer.variants.*", "XTransformerRankerParams", ()),   # a variant's ranker settings
-    ("elias", "EliasParams", ("index", "predict", "stage1", "stage2")),
-    ("elias.plus", "EliasPlusParams", ()),
-    ("lightxml", "LightXMLParams", ()),
-    ("gudn", "GUDNParams", ()),                                  # gudn.backbone: LightXMLParams
-]
+#: the settings sections a parameter class reads, from each method's spec (``MethodSpec.params``): (dotted
+#: section of the schema's settings, ``"module:Class"``, sub-sections whose keys are fields of the same
+#: class); ``*`` is every key of a map
+SECTIONS = [entry for spec in registry.METHODS.values() for entry in spec.params]
 #: the settings sections no parameter class reads (their stages take flags or read them as they are);
 #: their subsections with a class are in SECTIONS
 NO_CLASS = {"split", "ingest", "tfidf", "encoders", "tokenize", "cluster", "parabel", "evaluate", "threads",
@@ -101,14 +82,10 @@ def _node(dotted: str) -> dict:
 
 
 @functools.cache
-def _cls(name: str) -> type:
-    errors = []
-    for module in CLASSES[name]:
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            errors.append(f"{module}: {e}")
-    raise ImportError(f"{name} not found: " + "; ".join(errors))
+def _cls(ref: str) -> type:
+    """The class of a ``"module:Class"`` reference."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _default(f: dataclasses.Field):

@@ -89,6 +89,10 @@ class MethodSpec:
     #: ``f(settings) -> [cluster settings]``: every cluster tree its targets read (``branching``, ``leaf_size``,
     #: ``min_clusters``, ``seed``), so the cluster rule takes a tree's values from the settings, not its name
     trees: Callable[[Mapping[str, Any]], list] = lambda settings: []
+    #: the parameter class of each of its config sections: ``(dotted section, "module:Class", subsections
+    #: whose keys are fields of that class)``, ``*`` every key of a map; ``tests/test_settings_source.py``
+    #: holds the schema's enums and bounds of these sections equal to the classes'
+    params: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     #: its rules' settings (:data:`xmc_steps.config.RULE_SETTINGS`'s entries): rule name -> dotted keys
     rule_settings: Mapping[str, list] = field(default_factory=dict)
     #: the method's artifact path patterns by name (``{dataset}/...``, as :mod:`xmc_steps.layout`'s)

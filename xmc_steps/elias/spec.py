@@ -116,6 +116,8 @@ SPEC = MethodSpec(
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,
     concepts=concepts, predictor="xmc_steps.elias.serve:scores", rules="elias.smk",
     trees=trees,
+    params=(("elias", "xmc_steps.elias.params:EliasParams", ("index", "predict", "stage1", "stage2")),
+            ("elias.plus", "xmc_steps.elias_plus:EliasPlusParams", ())),
     rule_settings={
         "elias_stage1": _STAGES,
         "elias_stage2": _STAGES + ["elias.stage2"],

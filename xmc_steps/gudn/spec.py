@@ -68,6 +68,7 @@ SPEC = MethodSpec(
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,
     concepts=concepts, predictor="xmc_steps.gudn.serve:scores", rules="gudn.smk",
     trees=trees,
+    params=(("gudn", "xmc_steps.gudn.params:GUDNParams", ()),),   # gudn.backbone: LightXMLParams
     rule_settings={"gudn_train": TREE_SETTINGS + ["encoders.{enc}", "gudn"],
                    "gudn_predict": TREE_SETTINGS + ["encoders.{enc}", "gudn"]},
     patterns={"GUDN": GUDN})

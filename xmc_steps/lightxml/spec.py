@@ -126,6 +126,7 @@ SPEC = MethodSpec(
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,
     concepts=concepts, predictor="xmc_steps.lightxml.serve:scores", rules="lightxml.smk",
     trees=trees,
+    params=(("lightxml", "xmc_steps.lightxml.params:LightXMLParams", ()),),
     rule_settings={"lightxml_train": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
                    "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
                    "lightxml_ensemble": TREE_SETTINGS + ["encoders", "lightxml"]},

@@ -43,4 +43,5 @@ SPEC = MethodSpec(
     predictor="xmc_steps.xr_linear.serve:scores", rules="linear.smk",
     patterns={"XR_LINEAR": XR_LINEAR},
     trees=trees,
+    params=(("xr_linear", "xmc_steps.xr_linear.model:XRLinearParams", ()),),
     rule_settings={"xr_linear_train": TREE_SETTINGS + ["xr_linear"], "xr_linear_predict": TREE_SETTINGS + ["xr_linear"]})

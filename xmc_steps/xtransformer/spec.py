@@ -170,6 +170,9 @@ SPEC = MethodSpec(
     variants=("*",), predictions=predictions, records=records, encoder_refs=encoder_refs,
     concepts=concepts, applied=applied, predictor="xmc_steps.xtransformer.serve:scores", rules="xtransformer.smk",
     trees=trees,
+    params=(("xtransformer.matcher", "xmc_steps.xtransformer.params:MatcherParams", ()),
+            ("xtransformer.ranker", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ()),
+            ("xtransformer.variants.*", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ())),
     rule_settings={
         "xtransformer_linear_train": TREE_SETTINGS + ["xr_linear"],
         "xtransformer_linear_clusters": TREE_SETTINGS + ["xr_linear", "xtransformer.matcher.topb",
