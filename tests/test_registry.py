@@ -23,7 +23,7 @@ from xmc_steps import config, io, layout, methods, registry
 
 
 def test_every_method_is_registered_once_with_its_rule_file_and_predictor():
-    assert list(registry.METHODS) == ["xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn"]
+    assert list(registry.METHODS) == ["xr-linear", "parabel", "xtransformer", "elias", "lightxml", "gudn", "dual-encoder"]
     for name, spec in registry.METHODS.items():
         assert spec.name == name
         assert (ROOT / "workflow" / "rules" / spec.rules).is_file(), spec.rules

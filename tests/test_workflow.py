@@ -315,10 +315,16 @@ NEURAL_TINY = {
 
 NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
                   "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
-                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json", "results/toy/gudn.json"]
+                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json", "results/toy/gudn.json",
+                  "results/toy/dual-encoder.json", "results/toy/dual-encoder-ranker.json",
+                  "results/toy/dual-encoder-ensemble.json"]
 
 
 #: the settings of the neural toy runs (tests/conftest.py's neural_toy_run, and the SLURM test's)
+# the dual encoder: two epochs of 15 batches of 16 (NGAME's clusters of 2, one label mined per text)
+NEURAL_TINY["dual_encoder"] = {"max_length": 16, "label_max_length": 8, "eval_every": 0, "allow_weak": True,
+                               "train": {"epochs": 2.0, "batch_size": 16, "checkpoint_every": 10}}
+
 NEURAL_OVERRIDES = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **NEURAL_TINY}}}
 
 

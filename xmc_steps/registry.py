@@ -27,6 +27,7 @@ SPEC_MODULES = (
     "xmc_steps.elias.spec",
     "xmc_steps.lightxml.spec",
     "xmc_steps.gudn.spec",
+    "xmc_steps.dual_encoder.spec",
 )
 
 #: every method, by target name

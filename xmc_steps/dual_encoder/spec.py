@@ -1,0 +1,102 @@
+"""The dual encoder as the pipeline sees it (:class:`xmc_steps.methods.MethodSpec`): where its
+artifacts live, the predictions and records of its targets, its shared concepts and its predictor.
+
+Light on purpose (no torch): Snakemake imports it when it parses the workflow.
+
+* ``DUAL_ENCODER`` ``dual-encoder/{enc}-{maxlen}/``: the model (one encoder for texts and label
+  texts), the label embeddings and their search index, ``pred_{split}.parquet`` (the nearest labels)
+  and ``emb_{split}.npz`` (the texts' embeddings);
+* ``DUAL_ENCODER_RANKER`` ``.../ranker/``: NGAME's second module, per-label classifiers re-ranking the
+  dual encoder's shortlist (the pipeline's sparse ranker on TF-IDF ⊕ the embedding, as ELIAS++'s);
+* ``DUAL_ENCODER_ENSEMBLE``: the dual encoder's predictions averaged with xr-linear's;
+* targets: ``dual-encoder`` (the dual encoder alone), ``dual-encoder-ranker``, ``dual-encoder-ensemble``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..layout import INDEX, PREDICTIONS, RECORD, SPLITS, at, record, tokens_dir, tree_path
+from ..methods import TREE_SETTINGS, MethodSpec, encoder_names, train_length
+from ..xr_linear.spec import XR_LINEAR
+
+DUAL_ENCODER = "{dataset}/dual-encoder/{enc}-{maxlen}"
+DUAL_ENCODER_RANKER = DUAL_ENCODER + "/ranker"
+DUAL_ENCODER_ENSEMBLE = "{dataset}/dual-encoder/ensemble-{variant}"
+
+#: the targets beside ``dual-encoder``: with NGAME's classifiers, and averaged with xr-linear
+VARIANTS = ("ranker", "ensemble")
+
+
+def model_dir(res: str, dataset: str, settings: Mapping[str, Any], pattern: str = DUAL_ENCODER) -> str:
+    de = settings["dual_encoder"]
+    return at(res, pattern, dataset=dataset, enc=de["encoder"], maxlen=de["max_length"])
+
+
+def _check(variant: str | None) -> None:
+    if variant is not None and variant not in VARIANTS:
+        raise KeyError(f"unknown dual-encoder variant '{variant}' (known: {', '.join(VARIANTS)})")
+
+
+def predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
+    _check(variant)
+    if variant == "ranker":
+        return model_dir(res, dataset, settings, DUAL_ENCODER_RANKER) + "/" + PREDICTIONS
+    if variant == "ensemble":
+        return at(res, DUAL_ENCODER_ENSEMBLE, dataset=dataset, variant=variant) + "/" + PREDICTIONS
+    return model_dir(res, dataset, settings) + "/pred_test.parquet"
+
+
+def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    """Every stage record of a dual-encoder target (for its results file)."""
+    _check(variant)
+    de = settings["dual_encoder"]
+    d = model_dir(res, dataset, settings)
+    out = [f"{tokens_dir(res, dataset, de['encoder'], de['max_length'])}/{RECORD}", f"{d}/{RECORD}",
+           f"{d}/{record('pred_test')}"]
+    if variant == "ranker":
+        r = model_dir(res, dataset, settings, DUAL_ENCODER_RANKER)
+        out += [f"{d}/{record(f'pred_{s}')}" for s in SPLITS] + [f"{r}/{record('train')}", f"{r}/{record('predict')}"]
+    if variant == "ensemble":
+        xr = at(res, XR_LINEAR, dataset=dataset)
+        out += [at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/" + record("label_emb"),
+                record(tree_path(res, dataset, "pifa-tfidf", settings["cluster"])),
+                f"{xr}/{record('train')}", f"{xr}/{record('predict')}",
+                at(res, DUAL_ENCODER_ENSEMBLE, dataset=dataset, variant=variant) + "/" + RECORD]
+    return list(dict.fromkeys(out))
+
+
+def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return [("dual_encoder.encoder", (settings.get("dual_encoder") or {}).get("encoder"))]
+
+
+def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The shared PIFA-TF-IDF tree: the guard's linear baseline is XR-Linear over it, fit on train."""
+    return [settings["cluster"]]
+
+
+def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | None) -> dict[str, Any]:
+    de = settings["dual_encoder"]
+    return dict(encoder=encoder_names(settings, [de["encoder"]]), max_length=de["max_length"],
+                epochs=train_length(de["train"]), negatives=f"{de['batching']}+{de['hard_negatives']}-mined",
+                ensemble=2 if variant == "ensemble" else 1)
+
+
+#: what training and prediction read (the ranker's and the ensemble's settings are theirs alone)
+_MODEL = TREE_SETTINGS + ["encoders.{enc}", ("dual_encoder", ("ranker", "ensemble"))]
+
+SPEC = MethodSpec(
+    name="dual-encoder", section="dual_encoder",
+    sections=("split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "dual_encoder", "evaluate"),
+    variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs, trees=trees,
+    concepts=concepts, predictor="xmc_steps.dual_encoder.serve:scores", rules="dual_encoder.smk",
+    params=(("dual_encoder", "xmc_steps.dual_encoder.params:DualEncoderParams", ()),
+            ("dual_encoder.ranker", "xmc_steps.elias_plus:EliasPlusParams", ())),
+    rule_settings={
+        "dual_encoder_train": _MODEL,
+        "dual_encoder_predict": _MODEL,
+        "dual_encoder_ranker": _MODEL + ["dual_encoder.ranker"],
+        "dual_encoder_ranker_predict": _MODEL + ["dual_encoder.ranker"],
+        "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder"]},
+    patterns={"DUAL_ENCODER": DUAL_ENCODER, "DUAL_ENCODER_RANKER": DUAL_ENCODER_RANKER,
+              "DUAL_ENCODER_ENSEMBLE": DUAL_ENCODER_ENSEMBLE})
