@@ -61,6 +61,15 @@ def add_neural_training_args(p: argparse.ArgumentParser, tree_help: str) -> argp
     return p
 
 
+def add_neural_predict_args(p: argparse.ArgumentParser, out_help: str) -> argparse.ArgumentParser:
+    """The inputs of a neural prediction stage: the trained model's folder, one split's token ids and the
+    predictions table (``out_help``: what it holds)."""
+    p.add_argument("--model", required=True, help="a train output folder")
+    p.add_argument("--tokens", required=True, help="tokens_{split}.npz")
+    p.add_argument("--out", required=True, help=out_help)
+    return p
+
+
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--log", help="log file (also echoed to stderr)")
     p.add_argument("--record", help="stage record JSON to write on success")

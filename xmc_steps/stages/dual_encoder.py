@@ -47,7 +47,7 @@ from ..errors import StageError
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, stage_params,
                             training_device)
-from ..stage import add_common_args, cli_main, stage_run
+from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
 
 #: what a training run writes into its output folder (besides the stage's record)
 OUTPUTS = (WEIGHTS, JSON, LABEL_EMB, LABEL_INDEX, GUARD, CURVE)
@@ -251,9 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--out", required=True, help="output folder")
     add_common_args(t)
     q = sub.add_parser("predict", help="the nearest labels of every text")
-    q.add_argument("--model", required=True, help="a train output folder")
-    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
-    q.add_argument("--out", required=True, help="predictions Parquet (the topk nearest labels)")
+    add_neural_predict_args(q, "predictions Parquet (the topk nearest labels)")
     q.add_argument("--emb-out", help="the texts' embeddings .npz (key emb)")
     q.add_argument("--shortlist-out", help="shortlist Parquet (the shortlist_topk nearest labels)")
     add_common_args(q)

@@ -42,7 +42,7 @@ from ..errors import StageError
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
                             stage_params, training_device)
-from ..stage import add_neural_training_args, add_common_args, cli_main, stage_run
+from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
 from ..trainer import digest, list_checkpoints
 
 # --------------------------------------------------------------------------- CLI
@@ -332,9 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--tfidf-valid", help="X_valid (.npz CSR TF-IDF) for --linear-model")
     add_common_args(t)
     q = sub.add_parser("predict", help="top-k predictions, embeddings and shortlist of a trained model")
-    q.add_argument("--model", required=True, help="a train output folder")
-    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
-    q.add_argument("--out", required=True, help="predictions Parquet (top-k labels by p)")
+    add_neural_predict_args(q, "predictions Parquet (top-k labels by p)")
     q.add_argument("--emb-out", required=True, help="embeddings .npz (key emb)")
     q.add_argument("--shortlist-out", help="shortlist Parquet (labels by yhat)")
     add_common_args(q)

@@ -27,7 +27,7 @@ from ..lightxml.model import load_lightxml, predict
 from ..lightxml.params import LightXMLParams
 from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
 from ..neural_stage import prediction_inputs, stage_params
-from ..stage import add_neural_training_args, add_common_args, cli_main, stage_run
+from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     add_neural_training_args(t, "its finest level gives the clusters")
     add_common_args(t)
     q = sub.add_parser("predict", help="top-k predictions of a trained model")
-    q.add_argument("--model", required=True, help="a train output folder")
-    q.add_argument("--tokens", required=True, help="tokens_{split}.npz")
-    q.add_argument("--out", required=True, help="predictions Parquet (top-k labels by p)")
+    add_neural_predict_args(q, "predictions Parquet (top-k labels by p)")
     add_common_args(q)
     args = p.parse_args(argv)
     if args.cmd == "train":
