@@ -1,6 +1,7 @@
 """Exact against HNSW label search (:mod:`xmc_steps.ann`): where does HNSW pay, at which efSearch?
 
     python bench/bench_ann.py [--quick] [--sizes 572 18056 100000 501070] [--threads 1] [--out FILE] [--cache DIR]
+    python bench/bench_ann.py --real results/<d>/dual-encoder/minilm-64 [...]   # a trained model's embeddings
 
 For each number of labels L (default 572, 18056, 100000, 501070: the label counts of the
 pipeline's datasets up to Wiki-500K; ``--quick`` leaves out 501070) it makes a synthetic,
@@ -117,15 +118,28 @@ def _build(labels: np.ndarray, **kw):
     return index, round(time.perf_counter() - w, 3), round(time.process_time() - c, 3)
 
 
-def bench_size(L: int, args) -> list[dict]:
+def real(model_dir: Path, n_queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, queries)`` of a trained dual encoder (``results/<d>/dual-encoder/<enc>``): its label
+    embeddings (``label_emb.npz``) and its first ``n_queries`` test text embeddings (``emb_test.npz``)."""
+    labels = np.load(model_dir / "label_emb.npz")["emb"].astype(np.float32)
+    queries = np.load(model_dir / "emb_test.npz")["emb"][:n_queries].astype(np.float32)
+    return np.ascontiguousarray(labels), np.ascontiguousarray(queries)
+
+
+def bench_size(L: int, args, data: tuple[np.ndarray, np.ndarray, str] | None = None) -> list[dict]:
     """The exact and the HNSW line of one L.  Every configuration (exact; HNSW at each efSearch)
     is timed in turn, ``--repeats`` rounds, keeping each one's best: a burst of load from other
-    jobs then falls on all of them alike rather than on one."""
-    labels, queries = synth(L, args.d, args.queries, args.seed, topics=args.topics)
+    jobs then falls on all of them alike rather than on one.  ``data``: ``(labels, queries, source)``
+    of real embeddings instead of the synthetic set (the lines then carry ``source``)."""
+    if data is None:
+        labels, queries = synth(L, args.d, args.queries, args.seed, topics=args.topics)
+    else:
+        labels, queries = data[0], data[1]
     single = queries[:args.single]
     k = min(args.k, L)
     exact, ex_build, ex_build_cpu = _build(labels, kind="exact", threads=args.threads)
-    cached = args.cache and args.cache / f"hnsw-L{L}-d{args.d}-topics{args.topics}-seed{args.seed}-m32-efc200.faiss"
+    cached = (args.cache and data is None
+              and args.cache / f"hnsw-L{L}-d{args.d}-topics{args.topics}-seed{args.seed}-m32-efc200.faiss")
     if cached and cached.exists():                                  # a build of an earlier run, with its times
         hnsw = ann.load_index(cached)
         hn_build, hn_build_cpu = json.loads(cached.with_suffix(".json").read_text())
@@ -169,6 +183,8 @@ def bench_size(L: int, args) -> list[dict]:
           "ef_search": pick["ef"], "meets_target": bool(ok),
           "speedup_b256": round(ex["cpu_ms_b256"] / pick["cpu_ms_b256"], 2),
           "speedup_b1": round(ex["cpu_ms_b1"] / pick["cpu_ms_b1"], 2), "sweep": sweep}
+    if data is not None:
+        ex["source"] = hn["source"] = data[2]
     for line in (ex, hn):
         print(json.dumps(line), flush=True)
     return [ex, hn]
@@ -225,7 +241,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="also write the JSON lines here")
     p.add_argument("--cache", type=Path, help="keep HNSW builds here and reuse them (with their build times)")
+    p.add_argument("--real", type=Path, nargs="+", metavar="MODEL_DIR",
+                   help="trained dual encoders' folders (results/<d>/dual-encoder/<enc>): their label and test "
+                        "text embeddings instead of the synthetic sets (--sizes is then ignored)")
     args = p.parse_args(argv)
+    if args.real:
+        rows = []
+        for d in args.real:
+            labels, queries = real(d, args.queries)
+            rows += bench_size(len(labels), args, (labels, queries, str(d)))
+        return rows
     sizes = [L for L in args.sizes if not (args.quick and L == QUICK_SKIP)]
     rows = []
     for L in sizes:

@@ -215,3 +215,18 @@ def test_bench_runs_small(tmp_path, capsys):
     assert bench.crossing([(1000, 1.0), (4000, 4.0)]) == pytest.approx(2000)    # log-log between sizes
     assert bench.crossing([(1000, 0.0), (4000, 4.0)]) == 4000                   # 0: recall target missed
     assert bench.crossing([(1000, 1.0), (4000, 1.5)]) is None
+
+
+def test_bench_reads_a_trained_models_embeddings(tmp_path, capsys):
+    """``--real``: the label and test-text embeddings of a dual encoder's folder replace the synthetic set."""
+    spec = importlib.util.spec_from_file_location("bench_ann", ROOT / "bench" / "bench_ann.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    labels, queries = bench.synth(250, 32, 40, seed=3)
+    np.savez(tmp_path / "label_emb.npz", emb=labels.astype(np.float16))
+    np.savez(tmp_path / "emb_test.npz", emb=queries)
+    rows = bench.main(["--real", str(tmp_path), "--queries", "30", "--single", "3", "--ef", "100",
+                       "--repeats", "1", "--k", "20"])
+    assert [(r["L"], r["kind"], r["source"]) for r in rows] == [(250, "exact", str(tmp_path)),
+                                                                 (250, "hnsw", str(tmp_path))]
+    assert rows[1]["recall"] > 0.9

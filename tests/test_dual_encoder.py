@@ -350,3 +350,25 @@ def test_cli_train_predict(tiny, tmp_path, capsys):
     assert not (tmp_path / "w" / layout.WEIGHTS).exists()
     argv[argv.index("--params") + 1] = json.dumps({**weak, "allow_weak": True})
     assert cli_main(de_stage.main, argv) == 0 and (tmp_path / "w" / layout.WEIGHTS).exists()
+
+
+def test_choices_table_reads_the_records(tmp_path):
+    """bench/dual_encoder_choices.py: one row per run, valid figures only, the changed settings named."""
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("choices", root / "bench" / "dual_encoder_choices.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    metrics = {"valid_p_at_1": 0.5, "valid_p_at_5": 0.2, "valid_recall": 0.9, "valid_start_recall": 0.7,
+               "valid_recall_most_frequent": 0.8, "valid_recall_linear_tree": 0.85, "train_time_s": 12.0,
+               "train_seq_per_s": 40.0}
+    for name, loss, p1 in (("d", "decoupled-softmax", 0.5), ("d-softmax", "softmax", 0.25)):
+        folder = tmp_path / name / "dual-encoder" / "minilm-64"
+        folder.mkdir(parents=True)
+        params = {"loss": loss, "threads": 2, "train": {"epochs": 2.0}}
+        (folder / "record.json").write_text(json.dumps({"metrics": {**metrics, "valid_p_at_1": p1}, "params": params}))
+    rows = bench.table(tmp_path, ["d", "d-softmax", "d-gone"], "minilm-64").splitlines()
+    assert rows[2].startswith("| d | 50.00 | 20.00 | 90.00 | 70.00 | 80.00 | 85.00 | 12 | 40.0 | (defaults) |")
+    assert rows[3].startswith("| d-softmax | 25.00 |") and rows[3].endswith("| loss=softmax |")
+    assert rows[4].startswith("| d-gone | missing")
