@@ -291,8 +291,8 @@ def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypat
     touched = set()
     real = elias.decay_touched_rows
 
-    def spy(wl, rows, trainer, wd):
-        touched.update(rows.tolist())
+    def spy(wl, rows, trainer, wd):       # rows: a mask over W_L's rows (a device tensor, read here by the test)
+        touched.update(torch.nonzero(rows).flatten().tolist())
         return real(wl, rows, trainer, wd)
 
     monkeypatch.setattr(elias_train, "decay_touched_rows", spy)
@@ -585,3 +585,268 @@ def test_stage1_refuses_before_allocating_what_cannot_fit(tiny, tmp_path, monkey
     assert cli_main(elias_stage.main, argv) == 2
     err = capsys.readouterr().err
     assert "W_L (8 x 32)" in err and "elias.cluster.leaf_size" in err and not (tmp_path / "o" / layout.WEIGHTS).exists()
+
+
+# --------------------------------------------------------------------------- no read-back per step (issue 36)
+
+
+def _old_parents(m, labels):
+    """The value-dependent Eq. 3 lookup the fixed-shape one replaced (kept as the reference)."""
+    n, dev = labels.numel(), labels.device
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long, device=dev)
+    start = m.lab_ptr[labels]
+    cnt = m.lab_ptr[labels + 1] - start
+    total = int(cnt.sum())
+    if total == 0:
+        return torch.full((n,), -1, dtype=torch.long, device=dev)
+    seg = torch.repeat_interleave(torch.arange(n, device=dev), cnt)
+    offs = torch.arange(total, device=dev) - (torch.cumsum(cnt, 0) - cnt)[seg]
+    ent = m.lab_ent[start[seg] + offs]
+    val = m.A_value.detach().reshape(-1)[ent].float()
+    best = torch.full((n,), -math.inf, device=dev).scatter_reduce(0, seg, val, "amax", include_self=True)
+    pos = torch.where(val == best[seg], torch.arange(total, device=dev), torch.full_like(seg, total))
+    first = torch.full((n,), total, dtype=torch.long, device=dev).scatter_reduce(0, seg, pos, "amin")
+    return torch.where(first < total, ent[first.clamp(max=total - 1)] // m.kappa, torch.full_like(first, -1))
+
+
+def _old_shortlist(m, emb, pos_rows=None, pos_labels=None, b=None, K=None, max_pos=None, stable_ties=False):
+    """The shortlist before it had fixed shapes (unique over the paths' keys, a grid as wide as the
+    most candidates, top-k), kept as the reference.  ``stable_ties``: the top-K cut by a stable sort
+    (ties: lower label id), the new rule; the old top-k left ties to its implementation."""
+    B, dev, L = emb.shape[0], emb.device, m.n_labels
+    b = min(int(b or m.b), m.n_clusters)
+    K = min(int(K or m.K), L)
+    logits_c, s = m.cluster_scores(emb)
+    top = torch.topk(logits_c, b, dim=1).indices
+    clusters, cvalid = top, torch.ones_like(top, dtype=torch.bool)
+    training = pos_rows is not None
+    if training:
+        pos_rows, pos_labels = pos_rows.long(), pos_labels.long()
+        n_pos = torch.bincount(pos_rows, minlength=B)
+        if pos_labels.numel():
+            par = _old_parents(m, pos_labels)
+            starts = torch.cumsum(n_pos, 0) - n_pos
+            col = torch.arange(pos_rows.numel(), device=dev) - starts[pos_rows]
+            extra = torch.full((B, int(n_pos.max())), -1, dtype=torch.long, device=dev)
+            extra[pos_rows, col] = par
+            clusters = torch.cat([top, extra.clamp(min=0)], 1)
+            cvalid = torch.cat([cvalid, extra >= 0], 1)
+    lab = m.A_index[clusters]
+    path = s.gather(1, clusters).unsqueeze(-1) * m.edge_scores(clusters)
+    keep = (lab >= 0) & cvalid.unsqueeze(-1)
+    ex = torch.arange(B, device=dev).view(B, 1, 1).expand_as(lab)
+    keys, vals = (ex * L + lab)[keep], path[keep]
+    uniq, inv = torch.unique(keys, sorted=True, return_inverse=True)
+    yh_u = torch.zeros(uniq.numel(), dtype=vals.dtype, device=dev).scatter_reduce(0, inv, vals, "amax",
+                                                                                   include_self=False)
+    ex_u, lab_u = uniq // L, uniq % L
+    sel, is_pos_u = yh_u.detach(), None
+    if training:
+        pkeys = torch.sort(pos_rows * L + pos_labels).values
+        if pkeys.numel():
+            j = torch.searchsorted(pkeys, uniq).clamp(max=pkeys.numel() - 1)
+            is_pos_u = pkeys[j] == uniq
+        else:
+            is_pos_u = torch.zeros_like(uniq, dtype=torch.bool)
+        sel = sel + 2.0 * is_pos_u
+    counts = torch.bincount(ex_u, minlength=B)
+    W = max(int(counts.max()) if counts.numel() else 0, 1)
+    col = torch.arange(uniq.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[ex_u]
+    grid = torch.full((B, W), -math.inf, device=dev)
+    grid[ex_u, col] = sel.float()
+    flat = torch.full((B, W), -1, dtype=torch.long, device=dev)
+    flat[ex_u, col] = torch.arange(uniq.numel(), device=dev)
+    k = min(K, W)
+    if stable_ties:
+        order = torch.sort(grid, dim=1, descending=True, stable=True).indices[:, :k]
+    else:
+        order = torch.topk(grid, k, dim=1).indices
+    chosen = flat.gather(1, order)
+    valid = chosen >= 0
+    c0 = chosen.clamp(min=0)
+    if uniq.numel() == 0:
+        labels, yhat = torch.full((B, k), -1, dtype=torch.long, device=dev), torch.zeros(B, k, device=dev)
+    else:
+        labels, yhat = torch.where(valid, lab_u[c0], torch.full_like(c0, -1)), yh_u[c0] * valid
+    if k < K:
+        labels = torch.nn.functional.pad(labels, (0, K - k), value=-1)
+        yhat = torch.nn.functional.pad(yhat, (0, K - k), value=0.0)
+    target = None
+    if training:
+        t = is_pos_u[c0] & (chosen >= 0) if uniq.numel() else torch.zeros_like(chosen, dtype=torch.bool)
+        target = torch.nn.functional.pad(t, (0, K - k), value=False) if k < K else t
+    lab0 = labels.clamp(min=0)
+    z = torch.bmm(m.wl[lab0].to(emb.dtype), emb.unsqueeze(-1)).squeeze(-1).float()
+    if m.wl_bias is not None:
+        z = z + m.wl_bias[lab0].float()
+    return elias.Shortlist(labels, yhat, torch.sigmoid(z) * yhat, z, target, n_pos if training else None)
+
+
+def _random_index_model(stage, C=6, L=30, kappa=7, D=5, seed=0, **kw):
+    g = np.random.default_rng(seed)
+    if stage == 1:
+        index, value = elias.adjacency_from_assignment(g.integers(0, C, L), C)
+        kappa = index.shape[1]
+    else:
+        index = np.stack([g.choice(L, kappa, replace=False) for _ in range(C)])
+        index[0, -2:] = -1                                              # a short row
+        value = g.normal(size=(C, kappa)).astype(np.float32)
+        value[1, 0] = value[2, 0] = 9.0                                  # a tie between rows (Eq. 3: lower c wins)
+        index[2, 0] = index[1, 0]
+    m = elias.EliasModel(None, C, L, kappa, dim=D, fixed_edges=stage == 1, wl_bias=True, **kw)
+    m.set_adjacency(index, value)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        m.Wc.normal_()
+        m.wl.normal_()
+    return m
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_fixed_shape_shortlist_matches_the_value_dependent_one(stage):
+    """The fixed-shape shortlist (sorts, scatters and a padded parent lookup; nothing read from the
+    device) gives the old one's labels, scores, targets and gradients, bit for bit, once the top-K cut
+    breaks ties the same way (lower label id); without ties (stage 2's learned edges) it is the old
+    top-k's cut too.  Stage 1's fixed edges tie every label of a cluster: there the old top-k chose
+    among them by its implementation."""
+    from test_neural import HostReads
+
+    m = _random_index_model(stage, alpha=1.0, beta=1.0, b=2, K=6)    # no clamp at 1: no ties in stage 2
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(4, 5, generator=g)
+    rows, labels = torch.tensor([0, 0, 0, 2, 3, 3]), torch.tensor([1, 7, 20, 4, 29, 5])
+    assert m.parents(labels).tolist() == _old_parents(m, labels).tolist()
+    assert m.parents(torch.arange(m.n_labels)).tolist() == _old_parents(m, torch.arange(m.n_labels)).tolist()
+    refs = [(True, {})] + ([(False, {})] if stage == 2 else []) + [(True, {"K": 30}), (True, {"b": 6, "K": 30})]
+    for stable, kw in refs:
+        for training in (True, False):
+            args = (rows, labels) if training else ()
+            grads = []
+            for fn in (lambda: m._shortlist(emb, *args, max_pos=3 if training else None, **kw),
+                       lambda: _old_shortlist(m, emb, *args, stable_ties=stable, **kw)):
+                m.zero_grad()
+                with HostReads() as reads:
+                    out = fn()
+                (out.p.sum() + out.yhat.sum() * (out.target is not None)).backward()
+                grads.append((out, reads.ops, [None if q.grad is None else q.grad.clone() for q in m.parameters()]))
+            (new, new_reads, g_new), (old, _, g_old) = grads
+            assert new_reads == [], new_reads                  # no size or value read from the device
+            for a, b_ in zip(new, old):
+                assert (a is None) == (b_ is None) and (a is None or torch.equal(a, b_)), (stable, kw, training)
+            for a, b_ in zip(g_new, g_old):
+                assert (a is None) == (b_ is None) and (a is None or torch.equal(a, b_))
+    # max_pos left out: read from the device (callers outside the trainer), the same result
+    torch.testing.assert_close(m._shortlist(emb, rows, labels).p, m._shortlist(emb, rows, labels, max_pos=3).p,
+                               rtol=0, atol=0)
+
+
+def test_decay_touched_rows_by_mask_or_ids_is_the_old_row_decay():
+    class Tr:
+        optimizer = type("O", (), {"param_groups": [{"group": "wl", "lr": 0.3}]})()
+
+    wl = torch.randn(6, 3)
+    ref = wl.clone()
+    r = torch.tensor([4, 1, 4, 0])
+    ref[torch.unique(r)] *= 1.0 - 0.3 * 0.1                    # the old decay
+    by_ids, by_mask = wl.clone(), wl.clone()
+    elias.decay_touched_rows(by_ids, r, Tr, 0.1)
+    mask = elias_train.mark_touched(torch.zeros(7, dtype=torch.bool), torch.tensor([[4, 1, -1], [4, 0, -1]]))
+    assert mask.tolist() == [True, True, False, False, True, False, True]     # -1 marks the spare entry
+    elias.decay_touched_rows(by_mask, mask[:6], Tr, 0.1)
+    assert torch.equal(by_ids, ref) and torch.equal(by_mask, ref)
+
+
+class _NoHostCopies:
+    """Counts ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` and ``bool()`` on tensors outside the
+    trainer's log-interval reduction (``Trainer._reduce_logs``): on CUDA each is a wait for the device."""
+
+    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+    def __init__(self, monkeypatch):
+        import sys
+
+        self.calls: list[str] = []
+        self.on = False
+        for name in self.NAMES:
+            real = getattr(torch.Tensor, name)
+
+            def wrapped(t, *a, _real=real, _name=name, **k):
+                if self.on:
+                    f, inside = sys._getframe(1), False
+                    while f is not None:
+                        inside = inside or f.f_code.co_name == "_reduce_logs"
+                        f = f.f_back
+                    if not inside:
+                        self.calls.append(_name)
+                return _real(t, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, wrapped)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_training_steps_read_nothing_back_and_match_the_old_path(tiny, tmp_path, monkeypatch, stage):
+    """ELIAS's steps (shortlist, Eq. 3's parents, the loss, W_L's touched-row decay, the k-step W_L
+    accumulator) make the host wait for the device only at the log lines: nothing in between here.
+    The weights after the steps equal, bit for bit, those of the old value-dependent shortlist (kept
+    in this file) with the same tie rule."""
+    from test_neural import HostReads
+    from xmc_steps import trainer as trainer_mod
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, _ = toy_tokens(24, 12, 3)
+    L, C = 20, 4
+    g = np.random.default_rng(stage)
+    Y = sp.csr_matrix((g.random((24, L)) < 0.12).astype(np.float32))
+    p = elias.EliasParams(encoder=tiny, train=_train(steps=6, batch_size=8, warmup_steps=1, checkpoint_every=0,
+                                                     log_every=3, weight_decay=0.1),
+                          eval_every=0, device="cpu", b=2, K=6, lr_clf=0.05, lr_A=0.05,
+                          wl_update_every=2).resolved(stage, 24, L, C)
+    if stage == 1:
+        index, value = elias.adjacency_from_assignment(np.arange(L) % C, C)
+    else:
+        index = np.stack([g.choice(L, p.kappa, replace=False) for _ in range(C)])
+        value = g.random((C, p.kappa)).astype(np.float32)
+
+    def run(shortlist=None):
+        m = elias.build_model(p, C, L, index.shape[1], fixed_edges=stage == 1)
+        m.set_adjacency(index, value)
+        if shortlist is not None:
+            m._shortlist = shortlist.__get__(m)
+        seen = []
+        elias.train_elias(m, neural.TokenData(ids, lengths), Y, p, None, on_step=lambda s, logs: seen.append(s))
+        return m, seen
+
+    reads, copies = HostReads(), _NoHostCopies(monkeypatch)
+    real_fit, real_encode = trainer_mod.Trainer.fit, elias.EliasModel.encode
+
+    def paused(fn):
+        def inner(*a, **k):
+            reads.paused, copies.on = True, False
+            try:
+                return fn(*a, **k)
+            finally:
+                reads.paused, copies.on = False, True
+        return inner
+
+    def fit(tr, *a, **k):
+        # AdamW's CPU loop reads its step counts (the fused CUDA one does not; as in test_neural), and the
+        # encoder's transformers mask builder checks for padding on the host: neither is ELIAS's
+        tr.optimizer.step = paused(tr.optimizer.step)
+        tr.optimizer.step._wrapped_by_lr_sched = True
+        copies.on = True
+        try:
+            with reads:
+                return real_fit(tr, *a, **k)
+        finally:
+            copies.on = False
+
+    monkeypatch.setattr(trainer_mod.Trainer, "fit", fit)
+    monkeypatch.setattr(elias.EliasModel, "encode", paused(real_encode))
+    new, seen = run()
+    assert seen == [3, 6]
+    assert reads.ops == [] and copies.calls == [], (reads.ops, copies.calls)
+    monkeypatch.setattr(trainer_mod.Trainer, "fit", real_fit)
+    old, _ = run(lambda self, *a, **k: _old_shortlist(self, *a, **{**k, "stable_ties": True}))
+    for k, v in new.state_dict().items():
+        assert torch.equal(v, old.state_dict()[k]), k

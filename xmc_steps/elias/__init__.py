@@ -29,10 +29,23 @@ nothing is ever dense over ``L`` or ``C x L``):
    rest), since Eq. 3's parent set exists "to guarantee that the correct labels of x are
    present in the shortlist" and the top-K cut would otherwise drop a low-scoring one
    when ``K`` is smaller than the candidate set.  At prediction the cut is by ``yhat`` only.
+   Ties at the cut (stage 1's fixed edges give every label of a cluster the same ``yhat``; the
+   ``min(1, .)`` clamps make more) go to the lower label id.
 6. ``p_l = sigmoid(w_l^T phi) * yhat_l`` for the ``K`` shortlisted labels.
 
 :meth:`EliasModel.shortlist` returns ``(labels, yhat, p)``, each ``B x K`` (``K`` =
 ``min(K, L)``; rows with fewer candidates are padded with label ``-1`` and scores 0).
+
+No read-back per step (issue 36): every shape in the training step comes from ``B``, ``b``,
+``kappa``, ``K``, the batch's most positives per text (counted by the batch builder on the host) and
+``max_rows_per_label`` (the most rows of ``A`` holding one label, read when ``A_index`` is set).  Eq. 3's
+parents are a padded ``n x max_rows_per_label`` gather with an argmax (the first maximum: the lowest
+``c * kappa + slot``); Eq. 6's per-example deduplication is a sort of the ``b' kappa`` paths by label and a
+scatter-max over each run; the top-``K`` cut a stable sort; ``wl_decay: touched`` keeps a device mask
+of the touched rows of ``W_L``.  So a CUDA step never waits for the device between log lines (the
+encoder's own transformers mask builder aside: it checks the attention mask for padding on the host).
+The values, the gradients and the weights after training are those of the earlier value-dependent
+code bit for bit, ties at the top-``K`` cut aside (``tests/test_elias.py`` keeps it as the reference).
 
 Stage 1 edge scores (*reading* of "A fixed and assigned from balanced partitions")
 ---------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class EliasModel(nn.Module):
         # label -> entries of A (flat c * kappa + slot), CSR over labels; rebuilt from A_index
         self.register_buffer("lab_ptr", torch.zeros(L + 1, dtype=torch.long), persistent=False)
         self.register_buffer("lab_ent", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.max_rows_per_label = 0   # the most rows of A holding one label (rebuild_label_index)
         self.register_load_state_dict_post_hook(lambda module, keys: module.rebuild_label_index())
 
     # -- adjacency
@@ -87,6 +88,8 @@ class EliasModel(nn.Module):
 
     @torch.no_grad()
     def rebuild_label_index(self) -> None:
+        """The label -> entries inverse index of ``A_index`` and the most rows holding one label
+        (``max_rows_per_label``, read once here: the training step's parent lookup is that wide)."""
         idx = self.A_index.reshape(-1)
         ent = torch.nonzero(idx >= 0).squeeze(1)
         labs = idx[ent]
@@ -96,6 +99,7 @@ class EliasModel(nn.Module):
         ptr[1:] = torch.cumsum(counts, 0)
         self.lab_ptr = ptr
         self.lab_ent = ent[order]
+        self.max_rows_per_label = int(counts.max()) if counts.numel() else 0
 
     def unreachable_labels(self) -> int:
         """Labels that no row of ``A`` holds (they can never be shortlisted)."""
@@ -122,30 +126,31 @@ class EliasModel(nn.Module):
         return e * valid
 
     def parents(self, labels: torch.Tensor) -> torch.Tensor:
-        """Eq. 3: per label, the row ``c`` with the largest ``a_{c,l}`` among the rows holding it (-1: none)."""
-        n = labels.numel()
-        dev = labels.device
-        if n == 0:
-            return torch.zeros(0, dtype=torch.long, device=dev)
+        """Eq. 3: per label, the row ``c`` with the largest ``a_{c,l}`` among the rows holding it (-1: none;
+        ties: the lowest ``c * kappa + slot``).  Fixed shapes (``n x max_rows_per_label``, a padded
+        gather of the inverse index): no size is read from the device."""
+        n, dev, R = labels.numel(), labels.device, self.max_rows_per_label
+        if n == 0 or R == 0:
+            return torch.full((n,), -1, dtype=torch.long, device=dev)
         start = self.lab_ptr[labels]
         cnt = self.lab_ptr[labels + 1] - start
-        total = int(cnt.sum())
-        if total == 0:
-            return torch.full((n,), -1, dtype=torch.long, device=dev)
-        seg = torch.repeat_interleave(torch.arange(n, device=dev), cnt)
-        first_of_seg = torch.cumsum(cnt, 0) - cnt
-        offs = torch.arange(total, device=dev) - first_of_seg[seg]
-        ent = self.lab_ent[start[seg] + offs]
-        val = self.A_value.detach().reshape(-1)[ent].float()
-        best = torch.full((n,), -math.inf, device=dev).scatter_reduce(0, seg, val, "amax", include_self=True)
-        pos = torch.where(val == best[seg], torch.arange(total, device=dev), torch.full_like(seg, total))
-        first = torch.full((n,), total, dtype=torch.long, device=dev).scatter_reduce(0, seg, pos, "amin")
-        ok = first < total
-        return torch.where(ok, ent[first.clamp(max=total - 1)] // self.kappa, torch.full_like(first, -1))
+        j = torch.arange(R, device=dev)
+        held = j < cnt.unsqueeze(1)                                        # n x R: the label's real entries
+        ent = self.lab_ent[(start.unsqueeze(1) + j).clamp(max=self.lab_ent.numel() - 1)]
+        val = self.A_value.detach().reshape(-1)[ent].float().masked_fill(~held, -math.inf)
+        first = val.argmax(1, keepdim=True)                                # the first maximum (lowest entry)
+        return torch.where(cnt > 0, ent.gather(1, first).squeeze(1) // self.kappa, torch.full_like(cnt, -1))
 
     # -- the index and the classifier
     def _shortlist(self, emb: torch.Tensor, pos_rows: torch.Tensor | None = None,
-                   pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None) -> Shortlist:
+                   pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None,
+                   max_pos: int | None = None) -> Shortlist:
+        """Eqs. 1-6 and the classifier on the shortlist, in fixed shapes (every size from ``B``, ``b``,
+        ``kappa``, ``K`` and ``max_pos``; no value is read from the device, so a CUDA step does not wait
+        here).  ``max_pos``: the most positives of an example in the batch (training; the batch builder
+        knows it; ``None`` reads it from the device).  The paths' labels are deduplicated per example by
+        a sort (Eq. 6's scatter-max over each run of equal labels); the top-``K`` cut is a stable sort
+        of the scores: ties go to the lower label id."""
         B, dev, L = emb.shape[0], emb.device, self.n_labels
         b = min(int(b or self.b), self.n_clusters)
         K = min(int(K or self.K), L)
@@ -153,65 +158,58 @@ class EliasModel(nn.Module):
         top = torch.topk(logits_c, b, dim=1).indices                      # Eq. 2, B x b
         clusters, cvalid = top, torch.ones_like(top, dtype=torch.bool)
         training = pos_rows is not None
+        n_pos = None
         if training:
             pos_rows, pos_labels = pos_rows.long(), pos_labels.long()
-            n_pos = torch.bincount(pos_rows, minlength=B)
+            # a scatter, not bincount (on CUDA, bincount reads the input's range back)
+            n_pos = torch.zeros(B, dtype=torch.long, device=dev).index_add_(0, pos_rows, torch.ones_like(pos_rows))
             if pos_labels.numel():
                 par = self.parents(pos_labels)                            # Eq. 3
+                if max_pos is None:
+                    max_pos = int(n_pos.max())
                 starts = torch.cumsum(n_pos, 0) - n_pos
                 col = torch.arange(pos_rows.numel(), device=dev) - starts[pos_rows]
-                P = int(n_pos.max())
-                extra = torch.full((B, P), -1, dtype=torch.long, device=dev)
+                extra = torch.full((B, max(int(max_pos), 1)), -1, dtype=torch.long, device=dev)
                 extra[pos_rows, col] = par
                 clusters = torch.cat([top, extra.clamp(min=0)], 1)        # Eq. 4 (repeats are harmless)
                 cvalid = torch.cat([cvalid, extra >= 0], 1)
-        # paths: B x b' x kappa
+        # paths: B x b' x kappa, flattened to B x M
         rows = clusters
         lab = self.A_index[rows]
         path = s.gather(1, rows).unsqueeze(-1) * self.edge_scores(rows)  # Eq. 5 and the path score
         keep = (lab >= 0) & cvalid.unsqueeze(-1)
-        ex = torch.arange(B, device=dev).view(B, 1, 1).expand_as(lab)
-        keys = (ex * L + lab)[keep]
-        vals = path[keep]
-        uniq, inv = torch.unique(keys, sorted=True, return_inverse=True)
-        yh_u = torch.zeros(uniq.numel(), dtype=vals.dtype, device=dev).scatter_reduce(
-            0, inv, vals, "amax", include_self=False)                      # Eq. 6
-        ex_u, lab_u = uniq // L, uniq % L
+        M = lab.shape[1] * lab.shape[2]
+        key, perm = torch.sort(torch.where(keep, lab, L).reshape(B, M), dim=1, stable=True)
+        real = key < L                                                    # the paths, by label; then L: none
+        first = real & torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), key[:, 1:] != key[:, :-1]], 1)
+        seg = torch.cumsum(first, 1) - 1                                  # the path's (example, label) column
+        spare = torch.full_like(seg, M)                                   # a spare column for what is not a path
+        yh_u = torch.zeros(B, M + 1, dtype=path.dtype, device=dev).scatter_reduce(
+            1, torch.where(real, seg, spare), path.reshape(B, M).gather(1, perm), "amax",
+            include_self=False)[:, :M]                                    # Eq. 6
+        lab_u = torch.full((B, M + 1), -1, dtype=torch.long, device=dev).scatter(
+            1, torch.where(first, seg, spare), key)[:, :M]                # -1: no label in that column
+        has = lab_u >= 0
         sel = yh_u.detach()
         is_pos_u = None
         if training:
             pkeys = torch.sort(pos_rows * L + pos_labels).values
             if pkeys.numel():
-                j = torch.searchsorted(pkeys, uniq).clamp(max=pkeys.numel() - 1)
-                is_pos_u = pkeys[j] == uniq
+                ukeys = torch.arange(B, device=dev).unsqueeze(1) * L + lab_u
+                j = torch.searchsorted(pkeys, ukeys).clamp(max=pkeys.numel() - 1)
+                is_pos_u = (pkeys[j] == ukeys) & has
             else:
-                is_pos_u = torch.zeros_like(uniq, dtype=torch.bool)
+                is_pos_u = torch.zeros_like(has)
             sel = sel + 2.0 * is_pos_u                                     # positives first (see doc)
-        counts = torch.bincount(ex_u, minlength=B)
-        W = max(int(counts.max()) if counts.numel() else 0, 1)
-        col = torch.arange(uniq.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[ex_u]
-        grid = torch.full((B, W), -math.inf, device=dev)
-        grid[ex_u, col] = sel.float()
-        flat = torch.full((B, W), -1, dtype=torch.long, device=dev)
-        flat[ex_u, col] = torch.arange(uniq.numel(), device=dev)
-        k = min(K, W)
-        chosen = flat.gather(1, torch.topk(grid, k, dim=1).indices)        # top-K
-        valid = chosen >= 0
-        c0 = chosen.clamp(min=0)
-        if uniq.numel() == 0:
-            labels = torch.full((B, k), -1, dtype=torch.long, device=dev)
-            yhat = torch.zeros(B, k, device=dev)
-        else:
-            labels = torch.where(valid, lab_u[c0], torch.full_like(c0, -1))
-            yhat = yh_u[c0] * valid
-        if k < K:
-            labels = F.pad(labels, (0, K - k), value=-1)
-            yhat = F.pad(yhat, (0, K - k), value=0.0)
-            valid = F.pad(valid, (0, K - k), value=False)
-        target = None
-        if training:
-            t = is_pos_u[c0] & (chosen >= 0) if uniq.numel() else torch.zeros_like(chosen, dtype=torch.bool)
-            target = F.pad(t, (0, K - k), value=False) if k < K else t
+        grid = torch.where(has, sel.float(), -math.inf)
+        if M < K:
+            grid = F.pad(grid, (0, K - M), value=-math.inf)
+        order = torch.sort(grid, dim=1, descending=True, stable=True).indices[:, :K]   # top-K
+        valid = torch.isfinite(grid.gather(1, order))
+        c0 = torch.where(valid, order, 0)
+        labels = torch.where(valid, lab_u.gather(1, c0), -1)
+        yhat = yh_u.gather(1, c0) * valid
+        target = is_pos_u.gather(1, c0) & valid if training else None
         # classifier on the shortlist: B x K x D gather
         lab0 = labels.clamp(min=0)
         w = self.wl[lab0].to(emb.dtype)
@@ -219,7 +217,7 @@ class EliasModel(nn.Module):
         if self.wl_bias is not None:
             z = z + self.wl_bias[lab0].float()
         p = torch.sigmoid(z) * yhat
-        return Shortlist(labels, yhat, p, z, target, n_pos if training else None)
+        return Shortlist(labels, yhat, p, z, target, n_pos)
 
     def shortlist(self, emb: torch.Tensor, b: int | None = None, K: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -228,9 +226,11 @@ class EliasModel(nn.Module):
         return out.labels, out.yhat, out.p
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pos_rows: torch.Tensor | None = None,
-                pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None) -> Shortlist:
-        """Encode and shortlist; pass the batch's positives (``pos_rows``, ``pos_labels``) in training."""
-        return self._shortlist(self.encode(input_ids, attention_mask), pos_rows, pos_labels, b, K)
+                pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None,
+                max_pos: int | None = None) -> Shortlist:
+        """Encode and shortlist; pass the batch's positives (``pos_rows``, ``pos_labels``) in training
+        (``max_pos``: see :meth:`_shortlist`)."""
+        return self._shortlist(self.encode(input_ids, attention_mask), pos_rows, pos_labels, b, K, max_pos)
 
     def describe(self) -> dict[str, Any]:
         return {"C": self.n_clusters, "L": self.n_labels, "kappa": self.kappa, "alpha": self.alpha,

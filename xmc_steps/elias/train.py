@@ -79,11 +79,24 @@ class WlAccumulator(nn.Module):
 
 def decay_touched_rows(wl: torch.Tensor, rows: torch.Tensor, trainer: Trainer, weight_decay: float) -> None:
     """AdamW's decoupled decay ``w <- w (1 - lr wd)`` on the given rows of ``wl`` only, at the
-    current learning rate of the optimiser's ``wl`` group (``wl_decay: touched``)."""
+    current learning rate of the optimiser's ``wl`` group (``wl_decay: touched``).  ``rows``: a
+    boolean mask over the rows (what training keeps, :func:`mark_touched`) or row ids (repeats
+    allowed).  One multiply of ``wl`` by a per-row factor (1 off the rows): no size is read from the
+    device."""
     lr = next(g["lr"] for g in trainer.optimizer.param_groups if g.get("group") == "wl")
     with torch.no_grad():
-        r = torch.unique(rows.to(wl.device))
-        wl[r] *= 1.0 - lr * weight_decay
+        rows = rows.to(wl.device)
+        if rows.dtype != torch.bool:
+            rows = torch.zeros(wl.shape[0], dtype=torch.bool, device=wl.device).index_fill_(0, rows, True)
+        factor = torch.where(rows[: wl.shape[0]], 1.0 - lr * weight_decay, 1.0).to(wl.dtype)
+        wl.mul_(factor.unsqueeze(1))
+
+
+def mark_touched(mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Set ``mask`` (``L + 1`` booleans, on the labels' device) at the shortlists' labels (``-1``, the
+    padding, marks the spare last entry); returns it."""
+    flat = labels.reshape(-1)
+    return mask.index_fill_(0, torch.where(flat >= 0, flat, mask.numel() - 1), True)
 
 
 def _set_wl_trainable(model: EliasModel, on: bool) -> None:
@@ -124,7 +137,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     groups += param_groups({"clf": (named_clf, params.lr_clf)}, tp.weight_decay)
     if decay_touched:       # no AdamW decay on W_L: step_end decays the rows each step touched
         groups += param_groups({"wl": ([("wl", model.wl)], params.lr_clf)}, 0.0)
-    touched: list[torch.Tensor] = []
+    touched: dict[str, torch.Tensor] = {}   # "mask": the rows of W_L the steps since the last decay touched
     if model.A_value.requires_grad:
         groups += param_groups({"A": ([("A_value", model.A_value)], params.lr_A)}, params.weight_decay_A)
     swa, swa_start = None, tp.steps
@@ -158,8 +171,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
 
     def step_end(step: int) -> dict[str, float] | None:
         if touched and (wl_acc is None or wl_acc.is_update_step(step)):
-            decay_touched_rows(model.wl, torch.cat(touched), trainer, tp.weight_decay)
-            touched.clear()
+            decay_touched_rows(model.wl, touched.pop("mask")[: model.n_labels], trainer, tp.weight_decay)
         if step == params.wl_delay_steps:
             _set_wl_trainable(model, True)
         if swa is not None and step > swa_start:
@@ -171,15 +183,20 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     def batch_fn(idx: np.ndarray):
         ids, mask = tokens.batch(idx)
         sub = Y[idx]
-        rows = np.repeat(np.arange(len(idx), dtype=np.int64), np.diff(sub.indptr))
-        return ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
+        n_pos = np.diff(sub.indptr)
+        rows = np.repeat(np.arange(len(idx), dtype=np.int64), n_pos)
+        # the most positives of a text, known here: the shortlist's sizes need no read from the device
+        return (ids, mask, torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64)),
+                int(n_pos.max()) if len(n_pos) else 0)
 
     def loss_fn(m: _TrainBox, batch):
-        ids, mask, rows, labels = batch
-        out = m.elias(ids, mask, rows, labels)
+        ids, mask, rows, labels, max_pos = batch
+        out = m.elias(ids, mask, rows, labels, max_pos=max_pos)
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
-        if decay_touched and model.wl.requires_grad:
-            touched.append(out.labels[out.labels >= 0].detach())
+        if decay_touched and model.wl.requires_grad:     # a device mask, no read back
+            if "mask" not in touched:
+                touched["mask"] = torch.zeros(model.n_labels + 1, dtype=torch.bool, device=out.labels.device)
+            mark_touched(touched["mask"], out.labels.detach())
         return loss, {"loss_c": lc, "loss_s": ls}   # tensors: read at the logging interval, no sync per step
 
     if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
