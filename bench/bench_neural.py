@@ -415,10 +415,13 @@ def build_setups(args, device: torch.device, encoder: str, which: list[str], pro
             return E.train_elias(m, tokens, Y, p, None)
 
         def bare_loss(b):
-            ids, mask, rows, labels = b[:4]
-            return E.elias_loss(box["model"](ids, mask, rows, labels), p.lambda_, p.eps)[0]
+            ids, mask, rows, labels, max_pos = b[:5]
+            return E.elias_loss(box["model"](ids, mask, rows, labels, max_pos=max_pos), p.lambda_, p.eps)[0]
 
-        return Setup(f"elias{stage}", train, bare_loss, _batches(tokens, Y, bs, device), lambda: box["model"])
+        # the positives' maximum with each batch, as the trainer's batch builder gives it (no read per step)
+        bare = [b + (int(torch.bincount(b[2].cpu()).max()) if b[2].numel() else 0,)
+                for b in _batches(tokens, Y, bs, device)]
+        return Setup(f"elias{stage}", train, bare_loss, bare, lambda: box["model"])
 
     def lightxml_setup(gudn_too=False):
         K = max(2, L // args.lightxml_leaf)
