@@ -167,3 +167,54 @@ def test_a_depth_split_at_once_equals_the_node_by_node_splits(seed, monkeypatch)
         side = ct._split_level(E, order, bounds, [np.random.default_rng([seed, 9, j]) for j in range(len(bounds))],
                                max_iter)
         np.testing.assert_array_equal(side, want)
+
+
+def _balanced_2means_sparse_product(E, rng, max_iter=20):
+    """balanced_2means as it was before _side_sums: the centroids from the sparse product of the side
+    indicator, ``(ind.T @ E).toarray()`` (the reference the faster sums must equal bit for bit)."""
+    from xmc_steps.cluster_tree import _local_columns
+
+    n = E.shape[0]
+    E = _local_columns(sp.csr_matrix(E, dtype=np.float32))
+    n0 = (n + 1) // 2
+    i0, i1 = rng.choice(n, size=2, replace=False)
+    cent = E[[i0, i1]].toarray()
+    prev = None
+    for _ in range(max(1, max_iter)):
+        score = E @ (cent[0] - cent[1])
+        order = np.argsort(-score, kind="stable")
+        side = np.ones(n, dtype=np.int8)
+        side[order[:n0]] = 0
+        if prev is not None and np.array_equal(side, prev):
+            break
+        prev = side
+        ind = sp.csr_matrix((np.ones(n, np.float32), side.astype(np.int32), np.arange(n + 1)), shape=(n, 2))
+        cent = (ind.T @ E).toarray()
+        norms = np.linalg.norm(cent, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        cent /= norms
+    return side
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_side_sums_are_the_sparse_products_bits_and_layout(seed):
+    """_side_sums (one pass over the CSR arrays) gives (ind.T @ E).toarray() bit for bit, in its memory
+    layout too (Fortran order: the norms reduce over it, and another layout sums in another order); a
+    node's split equals the one computed with the sparse product, on rows of many entries (long sums)."""
+    from xmc_steps.cluster_tree import _side_sums
+
+    rng = np.random.default_rng(seed)
+    E = sp.random(300, 5000, density=0.05, format="csr", random_state=rng, dtype=np.float32)
+    E.data -= 0.3                                              # negative entries too
+    E.data[::17] = 0.0                                         # and explicit zeros
+    side = rng.integers(0, 2, 300).astype(np.int8)
+    ind = sp.csr_matrix((np.ones(300, np.float32), side.astype(np.int32), np.arange(301)), shape=(300, 2))
+    want = (ind.T @ E).toarray()
+    got = _side_sums(E, side)
+    assert got.dtype == want.dtype and got.strides == want.strides and got.flags.f_contiguous
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1))
+    Emb = l2_normalize_rows(sp.random(400, 20000, density=0.02, format="csr", random_state=rng, dtype=np.float32))
+    for s in range(3):
+        np.testing.assert_array_equal(balanced_2means(Emb, np.random.default_rng([seed, s])),
+                                      _balanced_2means_sparse_product(Emb, np.random.default_rng([seed, s])))
