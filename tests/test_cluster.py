@@ -125,15 +125,20 @@ def test_cli(tmp_path):
     assert not (tmp_path / "tree3.npz").exists()
 
 
-def test_local_columns_keeps_the_occurring_columns_in_order():
+@pytest.mark.parametrize("sort", [0, 16, 10**9])
+def test_local_columns_keeps_the_occurring_columns_in_order(sort, monkeypatch):
+    """Both ways (marking the columns, sorting the entries' columns) give the same matrix."""
+    import xmc_steps.cluster_tree as ct
     from xmc_steps.cluster_tree import _local_columns
 
+    monkeypatch.setattr(ct, "LOCAL_COLUMNS_SORT", sort)
     rng = np.random.default_rng(3)
-    E = sp.random(50, 1000, density=0.01, format="csr", random_state=rng, dtype=np.float32)
-    loc = _local_columns(E)
-    cols = np.unique(E.indices)
-    assert loc.shape == (50, len(cols)) and loc.indices.dtype == np.int32
-    assert np.array_equal(loc.toarray(), E.toarray()[:, cols])
+    for d in (1000, 100000):
+        E = sp.random(50, d, density=10 / d, format="csr", random_state=rng, dtype=np.float32)
+        loc = _local_columns(E)
+        cols = np.unique(E.indices)
+        assert loc.shape == (50, len(cols)) and loc.indices.dtype == np.int32 and loc.indices.ndim == 1
+        assert np.array_equal(loc.toarray(), E.toarray()[:, cols])
     assert _local_columns(sp.csr_matrix((3, 7), dtype=np.float32)).shape == (3, 1)
 
 

@@ -203,6 +203,11 @@ class ClusterTree:
 # --------------------------------------------------------------------------- k-means
 
 
+#: :func:`_local_columns` sorts the entries' columns where the columns outnumber the entries this many
+#: times (else it marks the columns that occur and counts them: two passes over all ``d`` columns)
+LOCAL_COLUMNS_SORT = 16
+
+
 def _local_columns(E: sp.csr_matrix) -> sp.csr_matrix:
     """Re-index ``E``'s columns to those that occur, in their order (keeps per-node work
     nnz-bounded).  A presence mask over the columns and its running count give each column its
@@ -211,6 +216,11 @@ def _local_columns(E: sp.csr_matrix) -> sp.csr_matrix:
     tree, 82 M entries: about 1.6 GB of temporaries)."""
     if E.nnz == 0:
         return sp.csr_matrix((E.shape[0], 1), dtype=np.float32)
+    if LOCAL_COLUMNS_SORT * E.nnz < E.shape[1]:
+        # few entries for many columns (a deep node's rows): sorting the entries' columns costs less
+        # than two passes over all the columns; the same ids (a column's rank among those that occur)
+        cols, new_id = np.unique(E.indices, return_inverse=True)
+        return sp.csr_matrix((E.data, new_id.astype(np.int32).reshape(-1), E.indptr), shape=(E.shape[0], len(cols)))
     present = np.zeros(E.shape[1], dtype=bool)
     present[E.indices] = True
     new_id = np.cumsum(present, dtype=np.int64) - 1
