@@ -155,6 +155,7 @@ def test_a_depth_split_at_once_equals_the_node_by_node_splits(seed, monkeypatch)
     ref = hierarchical_kmeans(E, branching=4, leaf_size=6, seed=seed, max_iter=7)
     monkeypatch.setattr(ct, "LEVEL_BATCH_NODES", 1)
     monkeypatch.setattr(ct, "LEVEL_BATCH_SIZE", 10**9)
+    monkeypatch.setattr(ct, "LEVEL_BATCH_NODE_NNZ", 10**9)
     for group_nnz in (1 << 22, 37):           # one group per depth, and groups of a few nodes
         monkeypatch.setattr(ct, "LEVEL_BATCH_NNZ", group_nnz)
         got = hierarchical_kmeans(E, branching=4, leaf_size=6, seed=seed, max_iter=7)
