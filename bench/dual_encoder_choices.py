@@ -50,9 +50,9 @@ def table(results: Path, names: list[str], encoder_dir: str) -> str:
         ignore = {"threads", "device"}
         changed = ", ".join(f"{k}={p[k]}" for k in sorted(p) if k not in ignore and p.get(k) != base.get(k))
         rows.append("| " + " | ".join([
-            name, *(f"{100 * m[k]:.2f}" for k in ("valid_p_at_1", "valid_p_at_5", "valid_recall",
-                                                   "valid_start_recall", "valid_recall_most_frequent")),
-            f"{100 * m['valid_recall_linear_tree']:.2f}" if "valid_recall_linear_tree" in m else "",
+            name, *(f"{100 * m[k]:.2f}" if k in m else "" for k in (   # no start point with eval_every 0
+                "valid_p_at_1", "valid_p_at_5", "valid_recall", "valid_start_recall", "valid_recall_most_frequent",
+                "valid_recall_linear_tree")),
             f"{m['train_time_s']:.0f}", f"{m['train_seq_per_s']:.1f}", changed or "(defaults)"]) + " |")
     return "\n".join(rows)
 
