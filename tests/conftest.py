@@ -14,6 +14,15 @@ def _no_tracking_by_default(monkeypatch):
     monkeypatch.setenv("XMC_TRACKING", os.environ.get("XMC_TEST_TRACKING", "0"))
 
 
+def load_bench(name: str):
+    """The script ``bench/<name>.py`` as a module (the bench folder is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def shared_dataset(*parts: str) -> Path:
     p = SHARED_DATA.joinpath(*parts)
     if not p.is_dir():

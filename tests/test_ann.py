@@ -1,6 +1,5 @@
 """xmc_steps.ann: exact and HNSW label search over faiss (small synthetic sets, seconds)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from conftest import load_bench
 from xmc_steps import ann
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,9 +203,7 @@ def test_import_does_not_pull_torch():
 
 
 def test_bench_runs_small(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_ann", ROOT / "bench" / "bench_ann.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("bench_ann")
     rows = bench.main(["--sizes", "300", "--queries", "64", "--single", "3", "--ef", "100", "--repeats", "1",
                        "--quick", "--out", str(tmp_path / "b.jsonl")])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
@@ -219,9 +217,7 @@ def test_bench_runs_small(tmp_path, capsys):
 
 def test_bench_reads_a_trained_models_embeddings(tmp_path, capsys):
     """``--real``: the label and test-text embeddings of a dual encoder's folder replace the synthetic set."""
-    spec = importlib.util.spec_from_file_location("bench_ann", ROOT / "bench" / "bench_ann.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("bench_ann")
     labels, queries = bench.synth(250, 32, 40, seed=3)
     np.savez(tmp_path / "label_emb.npz", emb=labels.astype(np.float16))
     np.savez(tmp_path / "emb_test.npz", emb=queries)

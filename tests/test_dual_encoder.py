@@ -354,12 +354,8 @@ def test_cli_train_predict(tiny, tmp_path, capsys):
 
 def test_choices_table_reads_the_records(tmp_path):
     """bench/dual_encoder_choices.py: one row per run, valid figures only, the changed settings named."""
-    import importlib.util
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("choices", root / "bench" / "dual_encoder_choices.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from conftest import load_bench
+    bench = load_bench("dual_encoder_choices")
     metrics = {"valid_p_at_1": 0.5, "valid_p_at_5": 0.2, "valid_recall": 0.9, "valid_start_recall": 0.7,
                "valid_recall_most_frequent": 0.8, "valid_recall_linear_tree": 0.85, "train_time_s": 12.0,
                "train_seq_per_s": 40.0}
