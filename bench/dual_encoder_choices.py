@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+from xmc_steps.params import flatten  # noqa: E402
 
 
 def load(results: Path, name: str, encoder_dir: str) -> dict | None:
@@ -44,7 +39,7 @@ def table(results: Path, names: list[str], encoder_dir: str) -> str:
         if rec is None:
             rows.append(f"| {name} | missing |||||||||")
             continue
-        m, p = rec["metrics"], _flat(rec["params"])
+        m, p = rec["metrics"], flatten(rec["params"])
         if base is None:
             base = p
         ignore = {"threads", "device"}
