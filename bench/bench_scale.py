@@ -22,13 +22,21 @@ features and tree, ``--repeat`` times, one thread, and prints ``{"stage": "xr_li
 process)", "seconds": [...], "docs", "labels", "nnz"}``: put two fractions side by side in one
 session (``--fraction 0.005 0.02``) to read the growth against N without the DAG's other jobs;
 ``--baseline REV`` also times the package as it was at a git revision, ``--code DIR`` imports
-``xmc_steps`` from another folder.
+``xmc_steps`` from another folder.  With ``--train-only`` each level's line also splits its time
+into the solver's (liblinear's calls, counted by :class:`SolverLog`) and the rest, and gives the
+solver's *work* (the sum over its calls of stored entries x iterations) and its time per unit
+of work, beside the label structure that decides the work (:func:`live_structure`: the labels with a
+training positive and, per level, the clusters holding one).  Training time can only be linear in N
+where the work is: one-vs-all solves exist only for labels with a positive, and each reads the
+instances its parent's beam sends it.  ``--pecos PY`` times the reference library's XR-Linear on the
+same features at each fraction (``bench/pecos_reference.py``, 1 thread).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import subprocess
@@ -81,6 +89,67 @@ def elias_index(data_dir: Path, n_labels: int, seed: int = 0) -> dict:
             "index_mb": round((index.nbytes + value.nbytes) / 2**20, 2)}
 
 
+class SolverLog:
+    """Records every liblinear call of package ``pkg`` (``xmc_steps.liblinear_direct``'s solver) while
+    active: seconds, iterations, rows, columns, stored entries and positives of each."""
+
+    def __init__(self, pkg: str = "xmc_steps"):
+        import importlib
+
+        self.mod = importlib.import_module(f"{pkg}.liblinear_direct")._ll
+        self.calls: list[tuple[float, int, int, int, int, int]] = []
+
+    def __enter__(self):
+        import numpy as np
+
+        self.orig = orig = self.mod.train_wrap
+
+        def train_wrap(X, y, *rest):
+            t0 = time.perf_counter()
+            out = orig(X, y, *rest)
+            it = int(np.ravel(out[1])[0])
+            self.calls.append((time.perf_counter() - t0, it, X.shape[0], X.shape[1], int(X.nnz), int((y > 0).sum())))
+            return out
+
+        self.mod.train_wrap = train_wrap
+        return self
+
+    def __exit__(self, *exc):
+        self.mod.train_wrap = self.orig
+
+
+def level_work(calls, bounds, level_seconds) -> list[dict]:
+    """Per level (``bounds``: the number of calls recorded when each level ended, ``level_seconds``
+    its wall time): solver calls, solver seconds, the rest, mean iterations, mean rows of a call,
+    the solver's work (sum of stored entries x iterations) and its nanoseconds per unit."""
+    import numpy as np
+
+    out, start = [], 0
+    for end, secs in zip(bounds, level_seconds):
+        c = np.asarray(calls[start:end], dtype=np.float64).reshape(-1, 6)
+        work = float((c[:, 4] * c[:, 1]).sum())
+        out.append({"calls": len(c), "seconds": round(secs, 2), "solver_s": round(float(c[:, 0].sum()), 2),
+                    "other_s": round(secs - float(c[:, 0].sum()), 2),
+                    "iterations_mean": round(float(c[:, 1].mean()), 2) if len(c) else 0.0,
+                    "rows_mean": round(float(c[:, 2].mean()), 1) if len(c) else 0.0,
+                    "work": int(work),
+                    "ns_per_work": round(1e9 * float(c[:, 0].sum()) / work, 3) if work else None})
+        start = end
+    return out
+
+
+def live_structure(Y, tree) -> dict:
+    """The labels with a training positive, and per cluster level the clusters that hold one (a level
+    whose live clusters are few sends each of them most instances: its rankers' solves read ~N rows)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    live = np.diff(sp.csc_matrix(Y).indptr) > 0
+    return {"labels_with_positive": int(live.sum()),
+            "live_clusters_by_level": [int(len(np.unique(tree.assignment(lev)[live])))
+                                       for lev in range(1, tree.depth)]}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="wiki500k", choices=sorted(synth.SHAPES))
@@ -90,6 +159,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=1, help="--train-only: trainings per fraction")
     ap.add_argument("--code", default=None, help="import xmc_steps from this folder")
     ap.add_argument("--baseline", default=None, help="--train-only: also time the package at this git revision")
+    ap.add_argument("--pecos", default=None, help="--train-only: also time the reference XR-Linear with this python")
     ap.add_argument("--work", default=str(ROOT / "bench-out" / "scale"))
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -106,6 +176,12 @@ def main(argv=None) -> None:
         for f in args.fraction:
             for code, pkg in codes.items():
                 _emit({"code": code, **train_only(args, f, pkg)})
+            if args.pecos:
+                name = f"{args.shape}-f{f:g}".replace(".", "")
+                p = subprocess.run([args.pecos, str(ROOT / "bench" / "pecos_reference.py"), "--results",
+                                    str(Path(args.work).resolve() / "results"), "--dataset", name, "--threads", "1"],
+                                   check=True, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                _emit({"fraction": f, **json.loads(p.stdout.strip().splitlines()[-1])})
         return
     fractions = args.fraction
     for f in fractions:
@@ -133,8 +209,6 @@ def train_only(args, fraction: float, pkg: str = "xmc_steps") -> dict:
     # the tree xr-linear trains on: the DAG's pifa-tfidf tree without a floor on its leaf count
     tree = ClusterTree.load(next(p for p in sorted((res / "index" / "pifa-tfidf").glob("tree-*.npz"))
                                  if "-c" not in p.stem.split("-l", 1)[1]))
-    import logging
-
     class Levels(logging.Handler):          # the per-level seconds XRLinearModel.train logs
         def emit(self, record):
             levels.append(round(float(record.args[-1]), 2))
@@ -143,16 +217,32 @@ def train_only(args, fraction: float, pkg: str = "xmc_steps") -> dict:
     log.setLevel(logging.INFO)
     log.propagate = False
     log.addHandler(Levels())
-    secs, by_level = [], []
+    secs, by_level, work = [], [], []
     for _ in range(args.repeat):
         levels: list[float] = []
-        t0 = time.perf_counter()
-        XRLinearModel.train(X, Y, tree, XRLinearParams(threads=1), log=log)
-        secs.append(round(time.perf_counter() - t0, 2))
+        with SolverLog(pkg) as solver:
+            bounds = []
+            log.addHandler(ends := _Ends(bounds, solver.calls))
+            t0 = time.perf_counter()
+            XRLinearModel.train(X, Y, tree, XRLinearParams(threads=1), log=log)
+            secs.append(round(time.perf_counter() - t0, 2))
+            log.removeHandler(ends)
         by_level.append(levels)
+        work.append(level_work(solver.calls, bounds, levels))
     return {"stage": "xr_linear_train (in process)", "fraction": fraction, "seconds": secs,
             "seconds_by_level": by_level, "docs": X.shape[0], "labels": Y.shape[1], "nnz": int(X.nnz),
-            "tree": tree.level_sizes}
+            "tree": tree.level_sizes, **live_structure(Y, tree), "solver_by_level": work[-1]}
+
+
+class _Ends(logging.Handler):
+    """Notes how many solver calls were made when each level's line is logged."""
+
+    def __init__(self, bounds: list, calls: list):
+        super().__init__()
+        self.bounds, self.calls = bounds, calls
+
+    def emit(self, record):
+        self.bounds.append(len(self.calls))
 
 
 def run_fraction(args) -> None:
