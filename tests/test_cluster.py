@@ -128,10 +128,10 @@ def test_cli(tmp_path):
 @pytest.mark.parametrize("sort", [0, 16, 10**9])
 def test_local_columns_keeps_the_occurring_columns_in_order(sort, monkeypatch):
     """Both ways (marking the columns, sorting the entries' columns) give the same matrix."""
-    import xmc_steps.cluster_tree as ct
+    import xmc_steps.columns as columns
     from xmc_steps.cluster_tree import _local_columns
 
-    monkeypatch.setattr(ct, "LOCAL_COLUMNS_SORT", sort)
+    monkeypatch.setattr(columns, "LOCAL_COLUMNS_SORT", sort)
     rng = np.random.default_rng(3)
     for d in (1000, 100000):
         E = sp.random(50, d, density=10 / d, format="csr", random_state=rng, dtype=np.float32)
@@ -140,6 +140,22 @@ def test_local_columns_keeps_the_occurring_columns_in_order(sort, monkeypatch):
         assert loc.shape == (50, len(cols)) and loc.indices.dtype == np.int32 and loc.indices.ndim == 1
         assert np.array_equal(loc.toarray(), E.toarray()[:, cols])
     assert _local_columns(sp.csr_matrix((3, 7), dtype=np.float32)).shape == (3, 1)
+
+
+@pytest.mark.parametrize("sort", [0, 16, 10**9])
+def test_occurring_columns_is_np_unique_with_its_inverse(sort, monkeypatch):
+    """Marking the columns or sorting the entries' columns: np.unique's values and inverse, either way
+    (the rankers' renumbering of a cluster's features and clustering's of a node's columns)."""
+    import xmc_steps.columns as columns
+
+    monkeypatch.setattr(columns, "LOCAL_COLUMNS_SORT", sort)
+    rng = np.random.default_rng(5)
+    for d, n in ((10, 40), (1000, 300), (100000, 50), (7, 0)):
+        idx = rng.integers(0, d, n).astype(np.int32)
+        cols, new_id = columns.occurring_columns(idx, d)
+        want, inv = np.unique(idx, return_inverse=True)
+        assert np.array_equal(cols, want) and np.array_equal(new_id, inv.reshape(-1))
+        assert new_id.dtype == np.int32 and new_id.shape == (n,)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

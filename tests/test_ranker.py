@@ -183,3 +183,45 @@ def test_rankers_name_a_cluster_too_large_for_liblinear(monkeypatch):
     X, Y = _separable(5)
     with pytest.raises(ValueError, match=r"cluster 0's \d+ training instances hold [\d,]+ non-zeros, more than liblinear"):
         train_rankers(_with_64bit_indices(X), Y, np.zeros(Y.shape[1], int), None, {"threshold": 0.0})
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.1])
+def test_rankers_equal_a_label_by_label_reference_byte_for_byte(threshold):
+    """train_rankers (local columns, one-class labels without a solve, the bias kept apart) against the
+    plainest reading: per label, its cluster's masked rows plus its positives, every column, the
+    solver, then the weights and the bias above the threshold: the same bytes.  Labels without a
+    positive, labels positive on every row of their cluster, clusters without rows, all included."""
+    from xmc_steps.liblinear_direct import fit_ranker
+
+    rng = np.random.default_rng(4)
+    N, d, L, K = 160, 300, 14, 4
+    X = sp.random(N, d, density=0.03, random_state=2, format="csr", dtype=np.float64)
+    Yd = (rng.random((N, L)) < 0.15).astype(np.float32)
+    Yd[:, 3] = 0                                  # no positive
+    cl = np.arange(L) % K
+    maskd = (rng.random((N, K)) < 0.3).astype(np.float32)
+    maskd[:, 3] = 0                               # cluster 3 (labels 3, 7, 11): only its positives
+    Yd[:, 7] = 0
+    Yd[:, 11] = 0                                 # ... and none: a cluster without rows
+    Yd[:, 9] = maskd[:, 1] + (Yd[:, [1, 5, 13]].sum(axis=1) > 0)   # positive on every row of cluster 1
+    Y = sp.csr_matrix(np.minimum(Yd, 1))
+    mask = sp.csr_matrix(maskd)
+    p = RankerParams.from_dict({"threshold": threshold})
+    W = train_rankers(X, Y, cl, mask, p).tocsc()
+    Yc = Y.tocsc()
+    for lab in range(L):
+        k = cl[lab]
+        pos = np.unique(Yc[:, np.flatnonzero(cl == k)].indices)
+        rows = np.union1d(np.flatnonzero(maskd[:, k]), pos)
+        if len(rows) == 0:
+            full = np.array([-1.0])
+            ids = np.array([d])
+        else:
+            y = np.where(Y[rows][:, lab].toarray().ravel() > 0, 1.0, -1.0)
+            w, b = fit_ranker(X[rows].astype(np.float64), y, p)
+            full, ids = np.append(w, b), np.arange(d + 1)
+        nz = np.flatnonzero(np.abs(full) >= threshold) if threshold > 0 else np.flatnonzero(full)
+        col = W[:, lab]
+        assert np.array_equal(col.indices, ids[nz].astype(np.int32)), lab
+        assert np.array_equal(col.data, full[nz].astype(np.float32)), lab
+    assert W[-1, 9] == 1.0 and W[:-1, 9].nnz == 0 and W[-1, 3] == -1.0 and W[-1, 7] == -1.0

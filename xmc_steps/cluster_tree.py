@@ -45,6 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import io
+from .columns import occurring_columns
 
 FORMAT = "xmc-cluster-tree-v1"
 
@@ -203,29 +204,16 @@ class ClusterTree:
 # --------------------------------------------------------------------------- k-means
 
 
-#: :func:`_local_columns` sorts the entries' columns where the columns outnumber the entries this many
-#: times (else it marks the columns that occur and counts them: two passes over all ``d`` columns)
-LOCAL_COLUMNS_SORT = 16
-
-
 def _local_columns(E: sp.csr_matrix) -> sp.csr_matrix:
     """Re-index ``E``'s columns to those that occur, in their order (keeps per-node work
-    nnz-bounded).  A presence mask over the columns and its running count give each column its
-    new id: O(nnz + d) time and one int32 array of nnz, where ``np.unique(..., return_inverse)``
-    sorted a copy of the indices and held two int64 arrays of nnz (at the root of a Wiki-500K-shaped
-    tree, 82 M entries: about 1.6 GB of temporaries)."""
+    nnz-bounded): :func:`xmc_steps.columns.occurring_columns`, O(nnz + d) time and one int32 array of
+    nnz where the entries are many for the width, where ``np.unique(..., return_inverse)`` sorted a
+    copy of the indices and held two int64 arrays of nnz (at the root of a Wiki-500K-shaped tree, 82 M
+    entries: about 1.6 GB of temporaries), and a sort of the entries' columns in a deep node's few."""
     if E.nnz == 0:
         return sp.csr_matrix((E.shape[0], 1), dtype=np.float32)
-    if LOCAL_COLUMNS_SORT * E.nnz < E.shape[1]:
-        # few entries for many columns (a deep node's rows): sorting the entries' columns costs less
-        # than two passes over all the columns; the same ids (a column's rank among those that occur)
-        cols, new_id = np.unique(E.indices, return_inverse=True)
-        return sp.csr_matrix((E.data, new_id.astype(np.int32).reshape(-1), E.indptr), shape=(E.shape[0], len(cols)))
-    present = np.zeros(E.shape[1], dtype=bool)
-    present[E.indices] = True
-    new_id = np.cumsum(present, dtype=np.int64) - 1
-    n_cols = int(new_id[-1]) + 1
-    return sp.csr_matrix((E.data, new_id[E.indices].astype(np.int32), E.indptr), shape=(E.shape[0], n_cols))
+    cols, new_id = occurring_columns(E.indices, E.shape[1])
+    return sp.csr_matrix((E.data, new_id, E.indptr), shape=(E.shape[0], len(cols)))
 
 
 def _side_sums(E: sp.csr_matrix, side: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
+from .columns import occurring_columns
 from .liblinear_direct import fit_ranker
 from .params import Params, bounded
 from .errors import StageError
@@ -191,6 +192,7 @@ def train_rankers(
         X64 = liblinear_csr(X64)    # 32-bit indices once, not again for every cluster
     Yc = sp.csc_matrix(Y)
     Yc.eliminate_zeros()
+    Yc.sum_duplicates()         # a label's positives are counted from its column's entries
     groups = _groups(col, K)
     todo = [k for k in range(K) if len(groups[k])]
 
@@ -210,28 +212,38 @@ def train_rankers(
         # the cluster's instances, restricted to the features they use (weights of the
         # other features are 0 anyway): per-label cost scales with the subset, not with d
         Xs = X64 if mask is None else X[rows].astype(np.float64)
-        feat = np.unique(Xs.indices) if len(rows) else np.zeros(0, np.int64)
+        feat, local = occurring_columns(Xs.indices, d) if len(rows) else (np.zeros(0, np.int64), None)
         if len(rows) and len(feat) < 0.8 * d:
-            Xs = sp.csr_matrix((Xs.data, np.searchsorted(feat, Xs.indices).astype(np.int32), Xs.indptr),
-                               shape=(len(rows), len(feat)))
+            Xs = sp.csr_matrix((Xs.data, local, Xs.indptr), shape=(len(rows), len(feat)))
         else:
             feat = np.arange(d)
         Xs = liblinear_csr(Xs, f"cluster {k}'s {len(rows):,} training instances")
-        feat_b = np.append(feat, d)  # + the bias row
+        kept = (lambda v: np.abs(v) >= p.threshold) if p.threshold > 0 else (lambda v: v != 0)
+        bias_row = np.array([d], dtype=np.int32)
         for j in range(len(labels)):
-            if len(rows) == 0:
-                w, b = np.zeros(0), -1.0
-                feat_b_j = np.array([d])
-            else:
-                y = -np.ones(len(rows))
-                y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
-                w, b = fit(Xs, y, p)
-                feat_b_j = feat_b
-            full = np.append(w, b)
-            nz = np.flatnonzero(np.abs(full) >= p.threshold) if p.threshold > 0 else np.flatnonzero(full)
-            out_idx.append(feat_b_j[nz].astype(np.int32))
-            out_val.append(full[nz].astype(np.float32))
-            out_cnt.append(len(nz))
+            n_pos = int(Yk.indptr[j + 1] - Yk.indptr[j])
+            if len(rows) == 0 or n_pos == 0 or n_pos == len(rows):
+                # no solve (one class only): a constant scorer, the bias alone, as fit_ranker returns it
+                # with zero feature weights (which no threshold keeps)
+                b = 1.0 if len(rows) and n_pos else -1.0
+                keep = bool(kept(np.float64(b)))
+                out_idx.append(bias_row if keep else bias_row[:0])
+                out_val.append(np.array([b] if keep else [], dtype=np.float32))
+                out_cnt.append(int(keep))
+                continue
+            y = -np.ones(len(rows))
+            y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
+            w, b = fit(Xs, y, p)
+            nz = np.flatnonzero(kept(w))
+            keep = bool(kept(np.float64(b)))
+            idx = feat[nz].astype(np.int32)
+            val = w[nz].astype(np.float32)
+            if keep:
+                idx = np.append(idx, np.int32(d))
+                val = np.append(val, np.float32(b))
+            out_idx.append(idx)
+            out_val.append(val)
+            out_cnt.append(len(idx))
         return labels, out_idx, out_val, out_cnt
 
     t0 = time.perf_counter()
