@@ -209,40 +209,35 @@ def train_only(args, fraction: float, pkg: str = "xmc_steps") -> dict:
     # the tree xr-linear trains on: the DAG's pifa-tfidf tree without a floor on its leaf count
     tree = ClusterTree.load(next(p for p in sorted((res / "index" / "pifa-tfidf").glob("tree-*.npz"))
                                  if "-c" not in p.stem.split("-l", 1)[1]))
-    class Levels(logging.Handler):          # the per-level seconds XRLinearModel.train logs
-        def emit(self, record):
-            levels.append(round(float(record.args[-1]), 2))
-
     log = logging.getLogger("bench_scale.train")
     log.setLevel(logging.INFO)
     log.propagate = False
-    log.addHandler(Levels())
-    secs, by_level, work = [], [], []
+    secs, by_level = [], []
     for _ in range(args.repeat):
-        levels: list[float] = []
         with SolverLog(pkg) as solver:
-            bounds = []
-            log.addHandler(ends := _Ends(bounds, solver.calls))
+            log.addHandler(lines := LevelLines(solver.calls))
             t0 = time.perf_counter()
             XRLinearModel.train(X, Y, tree, XRLinearParams(threads=1), log=log)
             secs.append(round(time.perf_counter() - t0, 2))
-            log.removeHandler(ends)
-        by_level.append(levels)
-        work.append(level_work(solver.calls, bounds, levels))
+            log.removeHandler(lines)
+        by_level.append(lines.seconds)
+    work = level_work(solver.calls, lines.calls_at_end, lines.seconds)        # the last training's
     return {"stage": "xr_linear_train (in process)", "fraction": fraction, "seconds": secs,
             "seconds_by_level": by_level, "docs": X.shape[0], "labels": Y.shape[1], "nnz": int(X.nnz),
-            "tree": tree.level_sizes, **live_structure(Y, tree), "solver_by_level": work[-1]}
+            "tree": tree.level_sizes, **live_structure(Y, tree), "solver_by_level": work}
 
 
-class _Ends(logging.Handler):
-    """Notes how many solver calls were made when each level's line is logged."""
+class LevelLines(logging.Handler):
+    """The lines ``XRLinearModel.train`` logs after each level: the level's seconds (their last
+    argument) and how many solver calls (``calls``, a :class:`SolverLog`'s list) had been made by then."""
 
-    def __init__(self, bounds: list, calls: list):
+    def __init__(self, calls: list):
         super().__init__()
-        self.bounds, self.calls = bounds, calls
+        self.calls, self.seconds, self.calls_at_end = calls, [], []
 
     def emit(self, record):
-        self.bounds.append(len(self.calls))
+        self.seconds.append(round(float(record.args[-1]), 2))
+        self.calls_at_end.append(len(self.calls))
 
 
 def run_fraction(args) -> None:

@@ -37,19 +37,12 @@ def test_solver_log_counts_every_call_per_level_and_changes_nothing():
     log = logging.getLogger("test_bench_scale")
     log.setLevel(logging.INFO)
     log.propagate = False
-    seconds: list[float] = []
-
-    class Seconds(logging.Handler):
-        def emit(self, record):
-            seconds.append(float(record.args[-1]))
-
-    log.addHandler(Seconds())
     orig = liblinear_direct._ll.train_wrap
     with bench.SolverLog() as solver:
-        bounds: list[int] = []
-        log.addHandler(ends := bench._Ends(bounds, solver.calls))
+        log.addHandler(lines := bench.LevelLines(solver.calls))
         counted = XRLinearModel.train(X, Y, tree, XRLinearParams(threads=1), log=log)
-        log.removeHandler(ends)
+        log.removeHandler(lines)
+    bounds, seconds = lines.calls_at_end, lines.seconds
     assert liblinear_direct._ll.train_wrap is orig                  # restored on exit
 
     for a, b in zip(plain.W, counted.W):                             # the wrapper only watches

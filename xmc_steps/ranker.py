@@ -120,6 +120,9 @@ def _fit_one(Xs: sp.csr_matrix, y: np.ndarray, p: RankerParams) -> tuple[np.ndar
     return w, b
 
 
+#: the feature weights of a ranker without a solve (one class only)
+_NO_WEIGHTS = np.zeros(0)
+
 #: the per-cluster solve the forked workers of :func:`train_rankers` call (set just before the fork)
 _FORKED: dict[str, Callable[[int], Any]] = {}
 
@@ -219,26 +222,20 @@ def train_rankers(
             feat = np.arange(d)
         Xs = liblinear_csr(Xs, f"cluster {k}'s {len(rows):,} training instances")
         kept = (lambda v: np.abs(v) >= p.threshold) if p.threshold > 0 else (lambda v: v != 0)
-        bias_row = np.array([d], dtype=np.int32)
         for j in range(len(labels)):
             n_pos = int(Yk.indptr[j + 1] - Yk.indptr[j])
             if len(rows) == 0 or n_pos == 0 or n_pos == len(rows):
-                # no solve (one class only): a constant scorer, the bias alone, as fit_ranker returns it
-                # with zero feature weights (which no threshold keeps)
-                b = 1.0 if len(rows) and n_pos else -1.0
-                keep = bool(kept(np.float64(b)))
-                out_idx.append(bias_row if keep else bias_row[:0])
-                out_val.append(np.array([b] if keep else [], dtype=np.float32))
-                out_cnt.append(int(keep))
-                continue
-            y = -np.ones(len(rows))
-            y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
-            w, b = fit(Xs, y, p)
+                # one class only: no solve, the constant scorer fit_ranker returns (its zero feature
+                # weights, which no threshold keeps, are not built)
+                w, b = _NO_WEIGHTS, (1.0 if len(rows) and n_pos else -1.0)
+            else:
+                y = -np.ones(len(rows))
+                y[np.searchsorted(rows, Yk.indices[Yk.indptr[j]:Yk.indptr[j + 1]])] = 1.0
+                w, b = fit(Xs, y, p)
             nz = np.flatnonzero(kept(w))
-            keep = bool(kept(np.float64(b)))
             idx = feat[nz].astype(np.int32)
             val = w[nz].astype(np.float32)
-            if keep:
+            if kept(np.float64(b)):              # the bias row
                 idx = np.append(idx, np.int32(d))
                 val = np.append(val, np.float32(b))
             out_idx.append(idx)
