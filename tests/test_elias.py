@@ -273,6 +273,28 @@ def test_wl_delay_and_swa(tiny, tmp_path):
     assert elias.train_elias(m3, tokens, Y, p3, tmp_path / "ck").resumed_from is None
 
 
+def test_length_bucket_reaches_the_elias_trainer(tiny, tmp_path):
+    """``train.length_bucket`` orders ELIAS's batches by length (it was accepted and ignored: the trainer
+    had no lengths): each batch of the epoch's order spans a narrow range of lengths."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    ids, lengths, cls = toy_tokens(64, 24, 2)
+    Y = sp.csr_matrix(np.eye(4, dtype=np.float32)[cls * 2])
+    tokens = neural.TokenData(ids, lengths)
+    index, value = elias.adjacency_from_assignment(np.array([0, 0, 1, 1]), 2)
+    spreads = {}
+    for bucket in (0, 8):
+        p = elias.EliasParams(encoder=tiny, train=_train(steps=1, batch_size=8, warmup_steps=0, checkpoint_every=0,
+                                                         length_bucket=bucket),
+                              eval_every=0, device="cpu").resolved(1, 64, 4, 2)
+        m = elias.build_model(p, 2, 4, index.shape[1], fixed_edges=True)
+        m.set_adjacency(index, value)
+        tr = elias.train_elias(m, tokens, Y, p, None)
+        order = tr._order(0, 64)
+        assert sorted(order.tolist()) == list(range(64))
+        spreads[bucket] = np.mean([np.ptp(lengths[order[a:a + 8]]) for a in range(0, 64, 8)])
+    assert spreads[8] == 0 or spreads[8] < 0.5 * spreads[0], spreads
+
+
 @pytest.mark.parametrize("mode", ["touched", "all"])
 def test_wl_decay_shrinks_only_the_rows_a_step_touched(tiny, tmp_path, monkeypatch, mode):
     """wl_decay touched: a W_L row outside every shortlist of the run is never decayed (nor moved);

@@ -309,6 +309,16 @@ def test_bucket_by_length_is_a_permutation_of_length_sorted_batches():
     assert set(out[:160].tolist()) == set(order[:160].tolist())
 
 
+def test_length_bucket_without_lengths_is_an_error():
+    """A loop given ``length_bucket`` but no lengths would train on random batches without a word."""
+    net = _Net()
+    p = trainer.TrainParams(steps=2, batch_size=4, lr=1e-2, length_bucket=5)
+    with pytest.raises(ValueError, match="length_bucket"):
+        trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p.resolved(8), None, device="cpu")
+    trainer.Trainer(net, trainer.param_groups({"net": (net, 1e-2)}), p.resolved(8), None, device="cpu",
+                    lengths=np.arange(8))
+
+
 def test_xlnet_pools_its_summary_token_at_the_end(tmp_path):
     """XLNet's tokenizer ends a text with <sep> <cls>; rows are right-padded, so "cls" pooling
     (and every layer of cls-concat-last-k) must read position length - 1, not the first word piece."""

@@ -569,6 +569,11 @@ class Trainer:
         check_amp(amp)
         self.model, self.params = model, params
         self.lengths = None if lengths is None else np.asarray(lengths)
+        if params.length_bucket > 0 and self.lengths is None:
+            # a setting the loop would otherwise ignore without a word (ELIAS, LightXML and the dual
+            # encoder accepted train.length_bucket and trained on random batches until they passed lengths)
+            raise ValueError(f"train.length_bucket = {params.length_bucket} needs the sequences' lengths "
+                             "(Trainer(lengths=...)); this trainer was given none")
         self.log = log or _default_log
         self.on_step, self.on_checkpoint = on_step, on_checkpoint
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None

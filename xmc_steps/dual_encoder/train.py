@@ -156,8 +156,8 @@ def train_dual_encoder(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmat
           "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "label_tokens": digest(label_tokens.input_ids, label_tokens.lengths)}
     fp.update(dict(fingerprint or {}))
-    trainer = _Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, device=params.device,
-                       amp=params.amp)
+    trainer = _Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, lengths=tokens.lengths,
+                       device=params.device, amp=params.amp)
     device = trainer.device
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
     refresh_steps = params.label_refresh_steps(n)

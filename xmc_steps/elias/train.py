@@ -155,7 +155,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
           "A": digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp,
-                      device=params.device, amp=params.amp)
+                      lengths=tokens.lengths, device=params.device, amp=params.amp)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
