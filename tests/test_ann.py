@@ -127,8 +127,11 @@ def test_save_load_round_trip(tmp_path, kind):
     back = ann.load_index(path, threads=2)
     assert back.kind == kind and back.n_labels == 800 and back.dim == 24 and back.threads == 2
     assert back.ef_search == (77 if kind == "hnsw" else None)
-    for a, b in zip(ann.search(idx, Q, 10), ann.search(back, Q, 10)):
-        assert (a == b).all()
+    (Da, Ia), (Db, Ib) = ann.search(idx, Q, 10), ann.search(back, Q, 10)
+    # the same neighbours; the scores to the last bits only at one thread count (the loaded index searches
+    # with 2 threads: faiss's BLAS path may then sum in another order, seen on a busy 2-core machine)
+    assert (Ia == Ib).all()
+    np.testing.assert_allclose(Db, Da, rtol=0, atol=1e-5)
     ann.save_index(back, path)                                      # over an existing file
     assert (ann.search(ann.load_index(path), Q, 10)[1] == ann.search(idx, Q, 10)[1]).all()
 
