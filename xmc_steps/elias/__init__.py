@@ -244,8 +244,11 @@ yso-finna-sv-50k  random     1e-2    0.1072  0.1193      0.2160
   and on reuters21578/modapte-all5 (0.9937 against the tree's index 0.9944, within the noise: CPU run)
   and failed on yso-finna-sv-50k (0.420 against 0.452; an H200 run before ``head_refit``), where stage 2
   would pass (0.569).  With ``head_refit`` and ``train.length_bucket: 50`` (2 CPU cores, 2026-12-01) yso's
-  stage 1 passes: 0.4532 with the re-fit heads against the tree's 0.4517 (the trained heads 0.4169);
-  the plain default (random batches) with its re-fit is not yet measured there.  With Eq. 10's
+  stage 1 passes: 0.4532 with the re-fit heads against the tree's 0.4517 (the trained heads 0.4169),
+  and stage 2 from it (2026-12-02) passes too: 0.5629 on all valid documents against stage 1's 0.4532
+  and the trees' 0.4517 / 0.4779 (valid subset of 2,000: 0.516 at step 0, 0.521 / 0.523 / 0.546 /
+  0.559 at steps 282 / 846 / 1,410 / 2,256, 0.561 at 2,538; its P@1 0.107 -> 0.046 -> 0.084).  The
+  plain default (random batches) with its re-fit is not yet measured there.  With Eq. 10's
   start stage 2 failed on reuters-all5 (0.9885 against stage 1's 0.9937, beyond the noise of 0.0040: it
   starts at 0.9887 and stays flat) and ended 0.0035 below stage 1 on debtags: on small label spaces
   Eq. 10's random edge values over ``kappa = 10 L / C`` candidates undo the partition, and two epochs at
@@ -297,8 +300,25 @@ split): K 100 / 200 (as trained) / 368: P@1 90.87, P@3 66.45, P@5 43.52 at all t
 valid split): K 100 / 200 (as trained) / 400 / 572: P@1 91.04 at all four, P@3 62.48 / 62.50 / 62.50 /
 62.50, P@5 46.50 / 46.51 / 46.51 / 46.51, R@100 97.77 / 98.90 / 99.04 / 99.04.  So ``predict.K: null``
 (as trained): a narrower shortlist loses recall on both sets, a wider one changes no precision and
-adds 0.14 points of R@100 on debtags for twice the candidates scored (none on reuters-all5);
-``bench/gpu_elias_choices.sh`` writes the same table for yso-finna-sv-50k, the set where K decides most.
+adds 0.14 points of R@100 on debtags for twice the candidates scored (none on reuters-all5).
+yso-finna-sv-50k (stage 2 at the defaults with ``train.length_bucket: 50``, 2 CPU cores, 2026-12-02;
+valid split; b 52 of 256 clusters, which hold about 3,660 labels):
+
+=============  =====  =====  =====  ======
+b / K          P@1    P@3    P@5    R@100
+=============  =====  =====  =====  ======
+52 / 903       9.22   6.52   5.05   30.63
+52 / 1,806     9.28   6.59   5.13   32.56  (as trained: the default)
+52 / 3,612     9.32   6.63   5.16   33.36
+52 / 7,224     9.32   6.63   5.16   33.66
+104 / 3,612    8.40   5.96   4.64   30.48
+104 / 7,224    8.40   5.96   4.64   30.61
+=============  =====  =====  =====  ======
+
+Here K decides more: twice the shortlist adds 0.8 of R@100 and 0.04 of P@1, a wider beam loses 0.9
+of P@1 and 2 of R@100 (its extra clusters' labels outrank the truth).  ``predict.K: null`` stays: on
+all three sets a wider K buys under a point of R@100 for twice the labels scored, a narrower one loses
+recall; a user who wants the last point sets ``predict.K`` to the beam's labels (about ``b L / C``).
 
 The guard (:mod:`.guard`)
 -------------------------
