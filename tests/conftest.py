@@ -14,6 +14,21 @@ def _no_tracking_by_default(monkeypatch):
     monkeypatch.setenv("XMC_TRACKING", os.environ.get("XMC_TEST_TRACKING", "0"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def slurm_background_run(request, tmp_path_factory):
+    """tests/test_slurm.py's SLURM run, started with the session when that test is selected and a SLURM
+    node is up (its jobs mostly wait on the scheduler: it overlaps the other tests); None otherwise."""
+    if not any(item.path.name == "test_slurm.py" for item in request.session.items):
+        yield None
+        return
+    from test_slurm import start_background_run
+
+    run = start_background_run(tmp_path_factory)
+    yield run
+    if run is not None:
+        run.stop()
+
+
 def load_bench(name: str):
     """The script ``bench/<name>.py`` as a module (the bench folder is not a package)."""
     import importlib.util
