@@ -13,7 +13,7 @@ from ..params import Params, bounded
 from ..trainer import TrainParams
 
 #: the training recipe of both stages unless the configuration says otherwise (epochs: STAGE_DEFAULTS)
-TRAIN_DEFAULTS = {"lr": None, "warmup": 0.1, "checkpoint_every": 500}
+TRAIN_DEFAULTS = {"lr": None, "warmup": 0.1, "checkpoint_every": 500, "length_bucket": 50}
 #: keys of the earlier flat layout, now under ``train`` (an error naming the new key)
 TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_accum", "weight_decay", "warmup_steps",
                                          "max_grad_norm", "checkpoint_every", "log_every", "seed")}
