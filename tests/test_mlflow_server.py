@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from test_workflow import _toy
+from test_workflow import RUN_TIMEOUT, _toy
 
 pytestmark = pytest.mark.slow      # a whole pipeline run (see pyproject's markers)
 
@@ -91,7 +91,7 @@ def _run_tracked(tmp_path: Path, uri: str, *targets):
            "--directory", str(tmp_path), "--cores", "2",
            "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "override.yaml")]
     env = dict(os.environ, XMC_TRACKING="1", MLFLOW_TRACKING_URI=uri)
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=2400)
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT)
     if r.returncode != 0:
         raise AssertionError(f"snakemake failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
     return r

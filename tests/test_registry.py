@@ -84,7 +84,7 @@ def _add_toy_method(proj: Path) -> None:
 
 @pytest.mark.slow
 def test_a_method_added_through_the_registry_runs_through_the_dag_evaluate_and_predict(toy_linear_run, tmp_path):
-    from test_workflow import _command
+    from test_workflow import RUN_TIMEOUT, _command
 
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -100,7 +100,7 @@ def test_a_method_added_through_the_registry_runs_through_the_dag_evaluate_and_p
     cmd = [proj / "Snakefile" if c == str(ROOT / "Snakefile") else c for c in cmd]
     cmd = [str(proj / "config.yaml") if c == str(ROOT / "config.yaml") else str(c) for c in cmd]
     env["PYTHONPATH"] = str(proj)
-    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=1500)
+    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT)
     assert r.returncode == 0, r.stderr[-5000:]
 
     # the DAG: its rule ran, its target was evaluated against the test split
