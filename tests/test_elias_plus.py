@@ -95,3 +95,30 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
         assert freq == pytest.approx(train_freq)
         assert not np.allclose(freq, train_freq + np.asarray(split["valid"].sum(axis=0)).ravel())
     assert io.read_predictions(tmp_path / "pred.parquet", L).shape == (n, L)
+
+
+def test_valid_bench_scores_each_row_with_a_tree_fit_on_the_other_folds(monkeypatch):
+    """bench/elias_plus_valid.py's ELIAS++ row: the calibration is cross-fitted, so no validation
+    row is scored by a tree that saw it (each candidate scored once, by the tree of its row's fold)."""
+    from conftest import load_bench
+
+    from xmc_steps import elias_plus
+
+    bench = load_bench("elias_plus_valid")
+    rng = np.random.default_rng(3)
+    n, L = 40, 12
+    S = sp.csr_matrix(rng.random((n, L)).astype(np.float32) + 1e-3)
+    cand = candidates(S, 4)
+    y = rng.random(cand.nnz) < 0.3
+    h = rng.normal(size=cand.nnz)
+    fits, scored = [], []
+    real_fit, real_apply = elias_plus.fit_calibration, elias_plus.apply_tree
+    monkeypatch.setattr(elias_plus, "fit_calibration", lambda F, yy, d, s=0: fits.append(F[:, 0].copy()) or real_fit(F, yy, d, s))
+    monkeypatch.setattr(elias_plus, "apply_tree", lambda t, F: scored.append(F[:, 0].copy()) or real_apply(t, F))
+    out = bench.cross_fitted(h, cand, y, np.ones(L), EliasPlusParams(max_depth=3), folds=4)
+    assert out.shape == (cand.nnz,) and np.all((out >= 0) & (out <= 1))
+    assert len(fits) == len(scored) == 4
+    assert sorted(np.concatenate(scored)) == pytest.approx(sorted(h))          # every candidate once
+    for fit, sc in zip(fits, scored):
+        assert not set(fit) & set(sc)                                           # never by its own tree
+        assert len(fit) + len(sc) == cand.nnz
