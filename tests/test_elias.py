@@ -78,6 +78,28 @@ def test_eq6_keeps_the_best_path_to_a_label():
     assert p[0, :3].tolist() == pytest.approx((torch.sigmoid(w @ emb[0]) * yhat[0, :3]).tolist())
 
 
+def test_yhat_power_reweights_the_shortlist_score_and_keeps_padding_at_zero():
+    """predict.yhat_power: p = sigmoid(w_l . phi) * yhat ** power (1: the paper's p; 0: the classifier
+    alone on the shortlist), the shortlist itself unchanged, padding 0 whatever the power."""
+    m = _index_model(3, 5, 2, [[0, 3], [3, 1], [4, 2]], [[math.log(3.0), 0.0], [0.0, -50.0], [0.0, 0.0]],
+                     Wc=[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], alpha=1.0, beta=1.0, b=2, K=5)
+    with torch.no_grad():
+        m.wl.copy_(torch.tensor([[-2.0, 0.0], [3.0, 0.0], [0.0, 0.0], [0.5, 0.0], [0.0, 0.0]]))
+    emb = torch.tensor([[1.0, 0.5]])
+    labels, yhat, p1 = m.shortlist(emb)
+    real = labels[0] >= 0
+    sig = torch.sigmoid(m.wl[labels[0].clamp(min=0)] @ emb[0])
+    for power in (0.0, 0.5, 2.0):
+        lab_a, yhat_a, p = m.shortlist(emb, yhat_power=power)
+        assert torch.equal(lab_a, labels) and torch.equal(yhat_a, yhat)
+        assert p[0, real].tolist() == pytest.approx((sig[real] * yhat[0, real] ** power).tolist(), rel=1e-5)
+        assert (p[0, ~real] == 0).all()
+    assert torch.equal(m.shortlist(emb, yhat_power=1.0)[2], p1)
+    # label 1's path has yhat ~ 1e-22: the classifier alone (w . phi = 3) ranks it first, the paper's p last
+    by = {power: labels[0, int(torch.argmax(m.shortlist(emb, yhat_power=power)[2][0]))].item() for power in (0.0, 1.0)}
+    assert by == {0.0: 1, 1.0: 3}
+
+
 def test_training_parents_put_every_positive_in_the_shortlist():
     # 4 clusters, beam 1; label 5 sits in rows 1 (a = .1) and 2 (a = .9): its parent is 2
     index = [[0, 1, -1], [2, 3, 5], [4, 5, 6], [7, -1, -1]]

@@ -109,6 +109,7 @@ def _elias(ds):
         (ds, "elias.stage2.wl_update_every", 10, "ELIAS §4: W_L's optimisation update every k = 10 training steps"),
         (ds, "elias.stage2.a_init", "random", "ELIAS §3.4, Eq. 10: A's nonzero values start as random(0, 1)"),
         (ds, "elias.train.length_bucket", 0, "ELIAS §4 names no batch sampler: random batches, as the authors' code"),
+        (ds, "elias.predict.yhat_power", 1.0, "ELIAS §3.2: the final score p_l = sigma(w_l^T phi(x)) * yhat_l"),
     ]
 
 

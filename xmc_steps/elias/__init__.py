@@ -327,6 +327,34 @@ of P@1 and 2 of R@100 (its extra clusters' labels outrank the truth).  ``predict
 all three sets a wider K buys under a point of R@100 for twice the labels scored, a narrower one loses
 recall; a user who wants the last point sets ``predict.K`` to the beam's labels (about ``b L / C``).
 
+``predict.yhat_power`` (ours; the paper's §3.2 final score is ``p = sigmoid(w_l^T phi) * yhat``, a power
+of 1, config.paper.yaml's): prediction ranks the shortlist by ``sigmoid(w_l^T phi) * yhat ** a``; the
+shortlist itself (the top ``K`` by ``yhat``) is the same at every ``a``, training and its validation
+curve keep the paper's ``p``.  On yso-finna-sv-50k stage 2's ``yhat`` (a path through one of 256
+clusters whose rows hold 706 labels each) ranks the shortlist worse than the classifier does: ranked
+by ``yhat`` alone the top 100 hold 16.5% of the truth, by the classifier alone 33.3%, by ``p`` 32.6%.
+Valid split, the default models of the README (``length_bucket: 50``; stage 2's own rows; ELIAS++ with
+the ranker as trained on ``a = 1`` candidates and the calibration cross-fitted on 5 folds of valid,
+``bench/elias_plus_valid.py``'s rule; exploratory scripts, 2 CPU cores, 2026-12-02), P@1 / R@100:
+
+=====  ===============  ===============  ===============  ===============  ===============  ===============
+a      yso stage 2      yso ELIAS++      debtags stage 2  debtags ELIAS++  reuters stage 2  reuters ELIAS++
+=====  ===============  ===============  ===============  ===============  ===============  ===============
+0      12.04 / 33.34    17.54 / 33.34    91.70 / 98.31    92.61 / 98.31    95.12 / 98.97    97.56 / 98.97
+0.25   11.38 / 33.78    18.42 / 33.78    91.13 / 98.57    92.74 / 98.57    93.19 / 99.11    98.07 / 99.11
+0.5    10.90 / 33.90    18.38 / 33.90    90.76 / 98.78    92.70 / 98.78    92.80 / 99.20    97.30 / 99.20
+0.75   10.16 / 33.61    18.42 / 33.61    90.47 / 98.86    92.70 / 98.86    92.54 / 99.31    97.17 / 99.31
+1      9.28 / 32.56     18.18 / 32.56    90.34 / 98.87    92.86 / 98.87    92.29 / 99.30    97.30 / 99.30
+=====  ===============  ===============  ===============  ===============  ===============  ===============
+
+(ELIAS++'s R@100 is stage 2's: the ranker re-orders stage 2's top 100, §3.5.)  Stage 2 alone at
+``a = 1.5 / 2 / 3``: yso 8.06 / 30.84, 7.12 / 29.08, 5.98 / 26.29; debtags R@100 98.91, 98.88, 98.72.
+Chosen: ``a = 0.75``.  It keeps most of yso's gain in recall (+1.05 of R@100 against +1.34 at 0.5) and
+ELIAS++'s best P@1 there (18.42), and on the two small label spaces, whose shortlists the classifier
+and ``yhat`` rank alike, it stays within 0.01 of the paper's R@100 and within 0.16 of its ELIAS++
+P@1 (1 and 4 documents of 778 and 2,423), where 0.5 loses 0.1 of R@100.  Lower powers raise stage 2's
+own P@1 everywhere but lose recall on the small sets; ELIAS++'s ranker recovers the precision.
+
 The guard (:mod:`.guard`)
 -------------------------
 After each stage the valid shortlist recall at ``w = min(K, L // 2)`` labels (the whole validation

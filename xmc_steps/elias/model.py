@@ -219,11 +219,13 @@ class EliasModel(nn.Module):
         p = torch.sigmoid(z) * yhat
         return Shortlist(labels, yhat, p, z, target, n_pos)
 
-    def shortlist(self, emb: torch.Tensor, b: int | None = None, K: int | None = None
+    def shortlist(self, emb: torch.Tensor, b: int | None = None, K: int | None = None, yhat_power: float = 1.0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Prediction on precomputed embeddings: ``(labels, yhat, p)``, each B x K (labels -1 = padding)."""
+        """Prediction on precomputed embeddings: ``(labels, yhat, p)``, each B x K (labels -1 = padding).
+        ``yhat_power``: ``p = sigmoid(w_l^T phi) * yhat ** yhat_power`` (1: §3.2, the paper; see the package
+        docstring, ``predict.yhat_power``); padding keeps ``p = 0``."""
         out = self._shortlist(emb, b=b, K=K)
-        return out.labels, out.yhat, out.p
+        return out.labels, out.yhat, rescore(out, yhat_power)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pos_rows: torch.Tensor | None = None,
                 pos_labels: torch.Tensor | None = None, b: int | None = None, K: int | None = None,
@@ -236,6 +238,15 @@ class EliasModel(nn.Module):
         return {"C": self.n_clusters, "L": self.n_labels, "kappa": self.kappa, "alpha": self.alpha,
                 "beta": self.beta, "b": self.b, "K": self.K, "dim": self.dim, "wl_bias": self.wl_bias is not None,
                 "fixed_edges": self.fixed_edges}
+
+
+def rescore(out: Shortlist, yhat_power: float) -> torch.Tensor:
+    """The shortlist's final scores with the shortlist score raised to ``yhat_power``:
+    ``sigmoid(logits) * yhat ** yhat_power`` (``out.p`` itself at 1, §3.2); 0 on padding."""
+    if float(yhat_power) == 1.0:
+        return out.p
+    p = torch.sigmoid(out.logits.float()) * out.yhat.float().clamp(min=0).pow(float(yhat_power))
+    return torch.where(out.labels >= 0, p, torch.zeros_like(p)).to(out.p.dtype)
 
 
 # --------------------------------------------------------------------------- adjacency
@@ -385,8 +396,13 @@ def linear_start(model: EliasModel, emb: np.ndarray, Y: sp.spmatrix, l2: float =
 def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int | None = None, K: int | None = None,
             batch_size: int = 128, device: torch.device | str = "auto", amp: str = "auto",
             shortlist_topk: int | None = None, with_emb: bool = True,
-            progress: Callable[..., Any] | None = neural._default_log.info) -> dict[str, Any]:
-    """Top-``topk`` labels by ``p`` (CSR N x L), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x), seconds."""
+            progress: Callable[..., Any] | None = neural._default_log.info,
+            yhat_power: float | None = None) -> dict[str, Any]:
+    """Top-``topk`` labels by ``p`` (CSR N x L; ``yhat_power``: :meth:`EliasModel.shortlist`, ``None``: the
+    pipeline's ``predict.yhat_power`` default), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x), seconds."""
+    if yhat_power is None:
+        from .params import EliasParams
+        yhat_power = EliasParams.yhat_power
     device = neural.resolve_device(device)
     model.to(device)
     n, L = len(tokens), model.n_labels
@@ -400,7 +416,7 @@ def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int
 
     def fn(ids, mask):
         e = model.encode(ids, mask)
-        labels, yhat, p = model.shortlist(e, b=b, K=K)
+        labels, yhat, p = model.shortlist(e, b=b, K=K, yhat_power=yhat_power)
         pv, pi = torch.topk(p.float().masked_fill(labels < 0, -1.0), k1, dim=1)
         sv, si = torch.topk(yhat.float().masked_fill(labels < 0, -1.0), k2, dim=1)
         return e, labels.gather(1, pi), pv, labels.gather(1, si), sv

@@ -99,6 +99,8 @@ class EliasParams(Params):
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     threads: int | None = None
     topk: int = bounded(100, ge=1)  # prediction: labels written per document
+    yhat_power: float = bounded(0.75, ge=0)  # prediction: p = sigmoid(w_l^T phi) yhat^power ranks the shortlist
+                                    # (1: §3.2, the paper; 0.75 ours, chosen on validation: the package docstring)
     shortlist_topk: int | None = bounded(None, ge=1)  # prediction: shortlist entries written (None: topk)
 
     def __post_init__(self) -> None:

@@ -163,7 +163,8 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
 
     def evaluate(step: int) -> dict[str, float]:
         r = predict(model, vt, topk=1, batch_size=params.eval_batch_size, device=trainer.device, amp=params.amp,
-                    shortlist_topk=width, with_emb=False, progress=None)
+                    shortlist_topk=width, with_emb=False, progress=None,
+                    yhat_power=1.0)   # the trained p (§3.2), as the loss; predict.yhat_power is prediction's
         m = shortlist_metrics(r["shortlist"], r["scores"], vY)
         log.info("step %d: valid shortlist recall@%d %.4f, P@1 %.4f (%d documents)", step, width,
                  m["shortlist_recall"], m["p_at_1"], len(vt))

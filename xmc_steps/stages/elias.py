@@ -214,7 +214,8 @@ def _train_main(args: argparse.Namespace) -> None:
 
             def valid_eval() -> tuple[dict[str, Any], dict[str, float]]:
                 r = predict(model, tokens["valid"], topk=1, batch_size=params.eval_batch_size, device=trainer.device,
-                            amp=params.amp, shortlist_topk=gw, with_emb=False, progress=st.log.info)
+                            amp=params.amp, shortlist_topk=gw, with_emb=False, progress=st.log.info,
+                            yhat_power=1.0)                # the trained p (§3.2), as the loss and the curve
                 return r, shortlist_metrics(r["shortlist"], r["scores"], Y_valid)
 
             with st.timed("valid"):
@@ -307,10 +308,10 @@ def _predict_main(args: argparse.Namespace) -> None:
         b = params.b if params.b is not None else model.b
         K = params.K if params.K is not None else model.K
         st.params.update({"b": b, "K": K, "topk": params.topk, "shortlist_topk": params.shortlist_topk or params.topk,
-                          "model": str(args.model), "stage": meta.get("stage")})
+                          "yhat_power": params.yhat_power, "model": str(args.model), "stage": meta.get("stage")})
         with st.timed("predict"):
             r = predict(model, tokens, params.topk, b, K, params.eval_batch_size, device, params.amp,
-                        params.shortlist_topk, with_emb=True, progress=st.log.info)
+                        params.shortlist_topk, with_emb=True, progress=st.log.info, yhat_power=params.yhat_power)
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
         st.predictions(args.out, r["scores"], params.topk, r["seconds"])
         io.save_arrays(args.emb_out, emb=r["emb"])
