@@ -71,8 +71,7 @@ def valid_table(plus: Path, stage2: Path, tfidf: str, labels: str, folds: int) -
     cand = elias_plus.candidates(pred, p.n_candidates)
     h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
     unc = elias_plus.uncalibrated_scores(cand.data, h, p)
-    row_of = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
-    y = np.asarray(Y[row_of, cand.indices]).ravel() > 0
+    y = elias_plus.candidate_truth(cand, Y)
     cal = cross_fitted(h, cand, y, elias_plus.label_train_freq(plus / "ranker"), p, folds) + 1e-6 * unc
 
     def scored(data):

@@ -87,6 +87,12 @@ def uncalibrated_scores(elias: np.ndarray, h: np.ndarray, p: EliasPlusParams) ->
     return (elias * th if p.uncalibrated == "product" else th).astype(np.float32)
 
 
+def candidate_truth(cand: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
+    """Whether each stored candidate (in ``cand``'s order) is a positive of its row in ``Y``."""
+    rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
+    return np.asarray(sp.csr_matrix(Y)[rows, cand.indices]).ravel() > 0
+
+
 def calibration_features(h: np.ndarray, elias: np.ndarray, label_idx: np.ndarray, train_freq: np.ndarray) -> np.ndarray:
     return np.column_stack([h, elias, train_freq[label_idx]]).astype(np.float64)
 

@@ -401,7 +401,6 @@ def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int
     """Top-``topk`` labels by ``p`` (CSR N x L; ``yhat_power``: :meth:`EliasModel.shortlist`, ``None``: the
     pipeline's ``predict.yhat_power`` default), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x), seconds."""
     if yhat_power is None:
-        from .params import EliasParams
         yhat_power = EliasParams.yhat_power
     device = neural.resolve_device(device)
     model.to(device)

@@ -89,8 +89,7 @@ def _calibrate_cli(args) -> None:
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
-        coo_rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))
-        y = np.asarray(Y[coo_rows, cand.indices]).ravel() > 0
+        y = elias_plus.candidate_truth(cand, Y)
         F = elias_plus.calibration_features(h, cand.data, cand.indices, elias_plus.label_train_freq(args.model))
         with st.timed("fit"):
             tree = elias_plus.fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
