@@ -231,6 +231,62 @@ def test_forward_is_never_dense_over_labels():
 # --------------------------------------------------------------------------- params
 
 
+@pytest.mark.parametrize("select", ["joint", "per_head"])
+@pytest.mark.parametrize("wc_refit_wins", [True, False])
+def test_refit_heads_keeps_wc_by_recall_and_per_head_wl_by_p_at_1(select, wc_refit_wins):
+    # the evaluation tells the heads apart by their values: recall is W_C's (the re-fit's or the trained
+    # one's), P@1 is set per (W_C, W_L) pair so that the mix ranks best in both directions
+    rng = np.random.default_rng(0)
+    n, L, C = 40, 6, 3
+    model = _index_model(C, L, 2, [[0, 1], [2, 3], [4, 5]])
+    trained = {k: v.detach().clone() for k, v in model.named_parameters() if k in ("Wc", "wl")}
+    emb = rng.normal(size=(n, 2)).astype(np.float32)
+    Y = sp.csr_matrix((np.ones(n), (np.arange(n), rng.integers(0, L, n))), shape=(n, L))
+    recall = {"trained": 0.5, "re-fit": 0.6 if wc_refit_wins else 0.4}
+    p_at_1 = {("trained", "trained"): 0.30, ("re-fit", "re-fit"): 0.20, ("re-fit", "trained"): 0.35,
+              ("trained", "re-fit"): 0.40}
+    calls = []
+
+    def which(name):
+        return "trained" if torch.equal(getattr(model, name), trained[name]) else "re-fit"
+
+    def evaluate():
+        wc, wl = which("Wc"), which("wl")
+        calls.append((wc, wl))
+        return {}, {"shortlist_recall": recall[wc], "p_at_1": p_at_1[wc, wl]}
+
+    as_trained = evaluate()
+    calls.clear()
+    (_, m), kept, evals = elias.refit_heads(model, emb, Y, 1e-3, 4.0, evaluate, as_trained, select)
+    wc = "re-fit" if wc_refit_wins else "trained"
+    wl = wc if select == "joint" else {"re-fit": "trained", "trained": "re-fit"}[wc]
+    assert kept == {"Wc": wc, "wl": wl} and (which("Wc"), which("wl")) == (wc, wl)
+    assert m == {"shortlist_recall": recall[wc], "p_at_1": p_at_1[wc, wl]}
+    # the re-fit pair is evaluated once; per_head adds the one mix of the kept W_C
+    assert calls == [("re-fit", "re-fit")] + ([(wc, wl)] if select == "per_head" else [])
+    assert set(evals) == {("trained", "trained"), ("re-fit", "re-fit")} | ({(wc, wl)} if select == "per_head" else set())
+    # the re-fit heads are the least-squares fits, not the trained ones
+    if "re-fit" in (wc, wl):
+        assert not torch.equal(getattr(model, "Wc" if wc == "re-fit" else "wl"),
+                               trained["Wc" if wc == "re-fit" else "wl"])
+    with pytest.raises(ValueError, match="head_refit_select"):
+        elias.refit_heads(model, emb, Y, 1e-3, 4.0, evaluate, as_trained, "both")
+
+
+def test_refit_heads_per_head_keeps_the_pair_when_the_mix_ranks_no_better():
+    model = _index_model(2, 4, 2, [[0, 1], [2, 3]])
+    trained_wc = model.Wc.detach().clone()
+    emb = np.random.default_rng(1).normal(size=(20, 2)).astype(np.float32)
+    Y = sp.csr_matrix((np.ones(20), (np.arange(20), np.arange(20) % 4)), shape=(20, 4))
+
+    def evaluate():
+        refit = not torch.equal(model.Wc, trained_wc)
+        return {}, {"shortlist_recall": 0.9 if refit else 0.8, "p_at_1": 0.5}    # the mix ties the pair
+
+    _, kept, _ = elias.refit_heads(model, emb, Y, 1e-3, 4.0, evaluate, evaluate(), "per_head")
+    assert kept == {"Wc": "re-fit", "wl": "re-fit"}
+
+
 def test_params_defaults_and_unknown_keys():
     with pytest.raises(ValueError, match="unknown"):
         elias.EliasParams.from_dict({"lambda": 0.1})
@@ -459,7 +515,8 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     o1, o2 = tmp_path / "s1", tmp_path / "s2"
     # stage 1's beam of 1 cluster reaches half the positives at most, as many as the most frequent labels
     # (allow_weak in case a run lands below them); stage 2 must pass the guard by itself
-    r1 = train(1, o1, {**common, "train": recipe, "lr_encoder": 2e-3, "lr_clf": 3e-2, "allow_weak": True},
+    r1 = train(1, o1, {**common, "train": recipe, "lr_encoder": 2e-3, "lr_clf": 3e-2, "allow_weak": True,
+                       "head_refit_select": "per_head"},
                ["--tree", str(d / "tree.npz")])
     r2 = train(2, o2, {**common, "train": recipe, "lr_encoder": 1e-3, "lr_clf": 1e-2, "lr_A": 0.1, "kappa": 4},
                ["--init", str(o1)])
@@ -472,6 +529,13 @@ def test_cli_stage1_stage2_predict(tiny, tmp_path):
     assert (m2["stage"], m2["kappa"], m2["fixed_edges"], m2["beta"], m2["alpha"]) == (2, 4, False, 2.0, 2.0)
     assert r2["params"]["lambda_"] == 0.05 and r1["params"]["lambda_"] == 0.0
     assert r1["metrics"]["train_steps"] == 80 and r2["metrics"]["train_steps"] == 80
+    # the re-fit's three evaluations: both heads as trained, both re-fit, the kept W_C with the other W_L
+    mt = r1["metrics"]
+    mixes = {"refit_wc_trained_wl", "trained_wc_refit_wl"} & {k[len("valid_p_at_1_"):] for k in mt}
+    assert {"valid_p_at_1_trained_head", "valid_p_at_1_refit_head"} <= set(mt) and len(mixes) == 1
+    kept_wc = "refit" if mt["valid_shortlist_recall_refit_head"] > mt["valid_shortlist_recall_trained_head"] else "trained"
+    assert mixes == {f"{kept_wc}_wc_{'trained' if kept_wc == 'refit' else 'refit'}_wl"}
+    assert mt[f"valid_shortlist_recall_{mixes.pop()}"] == mt[f"valid_shortlist_recall_{kept_wc}_head"]
     # stage 1 (beam 1, each cluster holds one label of a topic) reaches at most half of the positives
     rec1, rec2 = r1["metrics"]["valid_shortlist_recall"], r2["metrics"]["valid_shortlist_recall"]
     assert rec1 <= 0.5 + 1e-6

@@ -13,7 +13,8 @@ def elias_params(stage):
         own = dict(el[f"stage{stage}"])
         p = {"encoder": ENC(w), "max_length": int(w.maxlen),
              **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init",
-                                   "head_init_l2", "head_init_scale", "head_refit", "allow_weak")},
+                                   "head_init_l2", "head_init_scale", "head_refit", "head_refit_select",
+                                   "allow_weak")},
              **{k: v for k, v in el["index"].items() if v is not None},
              "train": {**el["train"], **own.pop("train", {})}, **own}
         return json.dumps(p, sort_keys=True)

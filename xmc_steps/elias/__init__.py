@@ -189,7 +189,18 @@ are fit the same way on the *fine-tuned* encoder's embeddings of the training te
 computes Eq. 9's ``M`` anyway) and kept when the valid shortlist recall is higher; the stage records
 both (``valid_shortlist_recall_trained_head`` / ``_refit_head``).  On yso-finna-sv-50k, stage 1 first
 loses part of its start (valid recall 0.405 at step 0, 0.369 after one epoch, 0.420 after two): the
-encoder moves under heads fit to the pre-trained one.
+encoder moves under heads fit to the pre-trained one.  ``head_refit_select`` (ours; :func:`.model.refit_heads`):
+``joint`` (the default) keeps both re-fit heads or neither, by that recall; ``per_head`` keeps ``W_C`` so
+(the shortlist is ``W_C``'s and ``A``'s alone), then ``W_L``, trained or re-fit, by the valid P@1 it
+gives on that shortlist (recorded as ``valid_p_at_1_refit_wc_trained_wl`` or ``_trained_wc_refit_wl``).
+Why: on yso-finna-sv-50k the re-fit won on recall (0.4532 against 0.4169) while its ``W_L`` ranks worse
+(valid P@1 0.0998 against 0.1235 as trained), and stage 2 starts from both.  Measured on debtags (the
+default stage 1, trained heads kept; valid shortlist recall@200 / P@1 of each (W_C, W_L), the re-fit
+computed after the fact, 2 CPU cores, 2026-12-02): trained, trained 0.9906 / 91.70; re-fit, re-fit
+0.9886 / 91.58; trained, re-fit 0.9906 / 91.95; re-fit, trained 0.9886 / 91.91.  ``per_head`` would keep
+the trained ``W_C`` and the re-fit ``W_L``: +0.25 of P@1, 6 of 2,423 documents, within the noise.
+yso-finna-sv-50k's stage 1 kept no trained heads, so its figures need a new stage 1 (the ``-perhead``
+alias of ``bench/elias-gpu.yaml``, in ``bench/gpu_elias_choices.sh``): until then ``joint`` stays.
 
 Choosing the defaults (validation split, one H200, ``bench/gpu_elias.sh``)
 --------------------------------------------------------------------------
@@ -404,6 +415,7 @@ _EXPORTS = {
     "partition_start": ".model",
     "partition_targets": ".model",
     "predict": ".model",
+    "refit_heads": ".model",
     "shortlist_metrics": ".model",
     "train_elias": ".train",
 }

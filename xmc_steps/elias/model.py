@@ -389,6 +389,53 @@ def linear_start(model: EliasModel, emb: np.ndarray, Y: sp.spmatrix, l2: float =
         model.wl_bias.copy_(torch.from_numpy(bl).to(model.wl_bias.device))
 
 
+#: the classifiers stage 1 re-fits after training (``head_refit``); ``W_L``'s part of them
+HEADS, WL_HEADS = ("Wc", "wl", "wl_bias"), ("wl", "wl_bias")
+
+#: the evaluation :func:`refit_heads` calls: (predictions, metrics with ``shortlist_recall`` and ``p_at_1``)
+Evaluation = tuple[dict[str, Any], dict[str, float]]
+
+
+def refit_heads(model: EliasModel, emb: np.ndarray, Y: sp.spmatrix, l2: float, scale: float,
+                evaluate: Callable[[], Evaluation], as_trained: Evaluation,
+                select: str = "joint") -> tuple[Evaluation, dict[str, str], dict[str, Evaluation]]:
+    """``head_refit``: ``W_C`` and ``W_L`` re-fit by :func:`linear_start` on ``emb`` (the fine-tuned
+    encoder's embeddings of the training texts), then the heads kept by ``evaluate`` on the valid split
+    (``as_trained``: its result for the trained heads, already computed).
+
+    ``select: joint``: both re-fit heads when the valid shortlist recall is higher, else both trained.
+    ``per_head``: ``W_C`` so (the shortlist is ``W_C``'s and ``A``'s alone), then ``W_L`` by the valid P@1
+    it gives on that shortlist: the trained ``W_L`` with a re-fit ``W_C``, or the other way round, when
+    the mix ranks better than the pair.  Returns the kept heads' evaluation, which of each head was kept
+    (``{"Wc": "trained" | "re-fit", "wl": ...}``) and every evaluation by ``(W_C, W_L)``; the model holds
+    the kept heads."""
+    if select not in ("joint", "per_head"):
+        raise ValueError(f"head_refit_select must be joint or per_head, not {select!r}")
+    params = dict(model.named_parameters())
+    keys = [k for k in HEADS if k in params]
+    heads = {"trained": {k: params[k].detach().clone() for k in keys}}
+    linear_start(model, emb, Y, l2, scale)
+    heads["re-fit"] = {k: params[k].detach().clone() for k in keys}
+    evals = {("trained", "trained"): as_trained, ("re-fit", "re-fit"): evaluate()}
+
+    def load(wc: str, wl: str) -> None:
+        with torch.no_grad():
+            for k in keys:
+                params[k].copy_(heads[wl if k in WL_HEADS else wc][k])
+
+    wc = "re-fit" if evals["re-fit", "re-fit"][1]["shortlist_recall"] > as_trained[1]["shortlist_recall"] \
+        else "trained"
+    wl = wc
+    if select == "per_head":
+        other = "trained" if wc == "re-fit" else "re-fit"
+        load(wc, other)
+        evals[wc, other] = evaluate()
+        if evals[wc, other][1]["p_at_1"] > evals[wc, wc][1]["p_at_1"]:
+            wl = other
+    load(wc, wl)
+    return evals[wc, wl], {"Wc": wc, "wl": wl}, evals
+
+
 # --------------------------------------------------------------------------- inference
 
 

@@ -22,6 +22,8 @@ TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_
 HeadInit = Literal["linear", "random"]
 #: stage 2's A: stage 1's partition first (ours) | Eq. 10's candidates with random values (the paper)
 AInit = Literal["random", "partition"]
+#: after stage 1's re-fit: both heads by the valid shortlist recall | W_C so, then W_L by the valid P@1
+HeadRefitSelect = Literal["joint", "per_head"]
 #: the rows of W_L that AdamW's weight decay shrinks per step
 WlDecay = Literal["touched", "all"]
 
@@ -78,6 +80,8 @@ class EliasParams(Params):
     head_init_scale: float = bounded(4.0, gt=0)  # the fit's targets are +-scale (logits of about +-scale)
     head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
                                     # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
+    head_refit_select: HeadRefitSelect = "joint"  # joint: both re-fit heads or neither, by the valid shortlist
+                                    # recall | per_head: W_C so, then W_L (trained or re-fit) by the valid P@1 (ours)
     a_init: AInit = "partition"     # stage 2's A: partition (each row: stage 1's labels of the cluster, then Eq. 10's
                                     # candidates; ours) | random (Eq. 10's candidates, random(0, 1) values: the paper)
     a_init_mass: float | None = bounded(None, gt=0, lt=1)  # partition: the share of each row's softmax on stage 1's

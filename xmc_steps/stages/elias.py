@@ -35,7 +35,8 @@ from .. import encoders, io, neural
 from ..curves import CurveLog, plot_curve
 from ..elias.guard import check_stage, guard_width, index_candidates
 from ..elias.model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights,
-                           init_adjacency, linear_start, load_elias, partition_start, predict, shortlist_metrics)
+                           init_adjacency, linear_start, load_elias, partition_start, predict, refit_heads,
+                           shortlist_metrics)
 from ..elias.params import EliasParams
 from ..elias.train import train_elias
 from ..errors import StageError
@@ -46,10 +47,6 @@ from ..stage import add_neural_predict_args, add_neural_training_args, add_commo
 from ..trainer import digest, list_checkpoints
 
 # --------------------------------------------------------------------------- CLI
-
-#: the classifiers stage 1 re-fits after training (``head_refit``)
-HEADS = ("Wc", "wl", "wl_bias")
-
 
 def _check_tokens(params: EliasParams, tokens: Mapping[str, neural.TokenData]) -> int:
     return neural.check_tokens(params.encoder, tokens, params.max_length, "elias")
@@ -227,22 +224,18 @@ def _train_main(args: argparse.Namespace) -> None:
                                              params.amp, progress=st.log.info)
                 if params.head_refit:
                     with st.timed("head_refit"):
-                        trained = {k: v.detach().clone() for k, v in model.named_parameters() if k in HEADS}
-                        linear_start(model, emb_train, Y_train, params.head_init_l2, params.head_init_scale)
-                        r2, m2 = valid_eval()
-                    keep = m2["shortlist_recall"] > m["shortlist_recall"]
-                    st.log.info("head re-fit: valid shortlist recall@%d %.4f as trained, %.4f re-fit by least squares on "
-                                "the fine-tuned embeddings: keeping the %s W_C and W_L", gw, m["shortlist_recall"],
-                                m2["shortlist_recall"], "re-fit" if keep else "trained")
-                    st.metric("valid_shortlist_recall_trained_head", m["shortlist_recall"])
-                    st.metric("valid_shortlist_recall_refit_head", m2["shortlist_recall"])
-                    if keep:
-                        r, m = r2, m2
-                    else:
-                        with torch.no_grad():
-                            for k, v in model.named_parameters():
-                                if k in trained:
-                                    v.copy_(trained[k])
+                        (r, m), kept, evals = refit_heads(model, emb_train, Y_train, params.head_init_l2,
+                                                          params.head_init_scale, valid_eval, (r, m),
+                                                          params.head_refit_select)
+                    st.log.info("head re-fit (%s): valid shortlist recall@%d / P@1 by (W_C, W_L): %s: keeping the "
+                                "%s W_C and the %s W_L", params.head_refit_select, gw,
+                                "; ".join(f"{c}, {l} {e[1]['shortlist_recall']:.4f} / {e[1]['p_at_1']:.4f}"
+                                          for (c, l), e in evals.items()), kept["Wc"], kept["wl"])
+                    for (c, l), e in evals.items():     # valid_*_trained_head, _refit_head, _refit_wc_trained_wl
+                        c, l = c.replace("-", ""), l.replace("-", "")
+                        name = f"{c}_head" if c == l else f"{c}_wc_{l}_wl"
+                        st.metric(f"valid_shortlist_recall_{name}", e[1]["shortlist_recall"])
+                        st.metric(f"valid_p_at_1_{name}", e[1]["p_at_1"])
             with st.timed("guard"):
                 previous_rows = None
                 if stage == 2:
