@@ -23,6 +23,27 @@
   score, which only orders candidates within one leaf.  The fitted tree is stored as
   plain arrays (``calibration.npz``) and applied by :func:`apply_tree`, no pickle.
 
+``n_candidates`` (100, the paper's): the candidates' depth at prediction, the ranker trained on the
+top 100 as ever, measured on yso-finna-sv-50k's validation split (stage 2 and ranker of the default
+chain at ``predict.yhat_power`` 0.75, 5,000 documents, the calibration cross-fitted on 5 folds as
+``bench/elias_plus_valid.py``; 2 CPU cores, 2026-12-02).  Stage 2 alone: P@1 10.14, R@100 33.56.
+
+=====  ====================  ===================  ================================
+depth  ranker P@1 / R@100    ELIAS++ P@1 / R@100  share of the truth in candidates
+=====  ====================  ===================  ================================
+100    18.16 / 33.56         19.02 / 33.56        29.2 %
+200    13.76 / 33.70         17.74 / 33.92        34.5 %
+300    11.78 / 32.60         17.80 / 33.26        37.8 %
+500    10.56 / 28.10         17.56 / 32.99        42.3 %
+1,000  10.26 / 19.08         17.40 / 31.65        48.9 %
+=====  ====================  ===================  ================================
+
+Deeper candidates hold more of the truth, but a ranker trained on the top 100 ranks the ones below
+them too high (each label's ranker never saw documents that held it deeper): 100 stays.  Training the
+ranker on as deep a list is not measured (its cost grows with the depth).  The prediction files that
+feed the stage hold ``evaluate.topk`` (100) labels a row, so a larger ``n_candidates`` needs a larger
+``evaluate.topk``.
+
 The stage (train, calibrate, predict) is :mod:`xmc_steps.stages.elias_plus`; this module is the
 scoring it and :mod:`xmc_steps.serving` share.
 """
