@@ -167,6 +167,17 @@ def test_a_local_encoder_folder_is_a_value_and_paths_carry_its_key(tmp_path):
     assert f'"encoder": "{folder}"' in out and "my--bert-16" not in out
 
 
+def test_elias_predictions_hold_elias_plus_deeper_candidates(tmp_path):
+    """``elias.plus.n_candidates`` above ``evaluate.topk``: stage 2's prediction files, which feed ELIAS++,
+    are written that deep (the ranker once got ``evaluate.topk`` candidates whatever it asked for)."""
+    _toy(tmp_path)
+    over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1,
+                                 "elias": {"max_length": 16, "plus": {"n_candidates": 150}}}}}
+    r = _run(tmp_path, "results/toy/elias.json", extra=["-n", "-p"], overrides=over)
+    blocks = [b for b in (r.stdout + r.stderr).split("\nrule ")[1:] if b.startswith("elias_predict:")]
+    assert len(blocks) >= 3 and all('"topk": 150' in b for b in blocks), blocks
+
+
 def test_bad_config_key_stops_at_start(tmp_path):
     _toy(tmp_path)
     r = _run(tmp_path, "results/toy/xr-linear.json", overrides={"defaults": {"tfidf": {"ngrams": 3}}}, check=False)

@@ -40,9 +40,8 @@ depth  ranker P@1 / R@100    ELIAS++ P@1 / R@100  share of the truth in candidat
 
 Deeper candidates hold more of the truth, but a ranker trained on the top 100 ranks the ones below
 them too high (each label's ranker never saw documents that held it deeper): 100 stays.  Training the
-ranker on as deep a list is not measured (its cost grows with the depth).  The prediction files that
-feed the stage hold ``evaluate.topk`` (100) labels a row, so a larger ``n_candidates`` needs a larger
-``evaluate.topk``.
+ranker on as deep a list is not measured (its cost grows with the depth).  The stage-2 prediction files
+that feed ELIAS++ hold ``max(evaluate.topk, n_candidates)`` labels a row (rule ``elias_predict``).
 
 The stage (train, calibrate, predict) is :mod:`xmc_steps.stages.elias_plus`; this module is the
 scoring it and :mod:`xmc_steps.serving` share.

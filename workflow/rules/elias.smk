@@ -111,7 +111,8 @@ rule elias_stage2:
 
 
 rule elias_predict:
-    """Top-k ELIAS predictions, shortlist scores and embeddings of one split."""
+    """Top-k ELIAS predictions (k: evaluate.topk, or ELIAS++'s deeper n_candidates), shortlist scores and
+    embeddings of one split."""
     input:
         model=R(ES.ELIAS_STAGE) + "/" + lay.WEIGHTS,
         tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_{w.split}.npz",
@@ -126,7 +127,7 @@ rule elias_predict:
     log:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"],
+        settings=lambda w: json.dumps({"topk": max(S(w)["evaluate"]["topk"], S(w)["elias"]["plus"]["n_candidates"]),
                                        "device": S(w)["elias"]["device"],
                                        "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
@@ -220,7 +221,7 @@ rule elias_plus_predict:
     log:
         "logs/elias_plus_predict/{dataset}-{tree}-{enc}-{maxlen}-{cal}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
+        settings=lambda w: json.dumps({"topk": max(S(w)["evaluate"]["topk"], S(w)["elias"]["plus"]["n_candidates"]), "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
         hash=H("elias_plus_predict"),
         cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
     threads: 1

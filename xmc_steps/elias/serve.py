@@ -31,7 +31,8 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         b = pred.get("b") if pred.get("b") is not None else model.b
         K = pred.get("K") if pred.get("K") is not None else model.K
         tokens = f.tokens(meta["encoder"], meta["max_length"])
-        r = predict(model, tokens, k100, b, K, 128, dev, el.get("amp", "auto"), with_emb=True, progress=None,
+        depth = k100 if variant in ("stage1", "stage2") else max(k100, el["plus"]["n_candidates"])  # ELIAS++'s
+        r = predict(model, tokens, depth, b, K, 128, dev, el.get("amp", "auto"), with_emb=True, progress=None,
                     yhat_power=pred.get("yhat_power"))
         if variant in ("stage1", "stage2"):
             out.append(r["scores"])
