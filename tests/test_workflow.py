@@ -174,8 +174,11 @@ def test_elias_predictions_hold_elias_plus_deeper_candidates(tmp_path):
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1,
                                  "elias": {"max_length": 16, "plus": {"n_candidates": 150}}}}}
     r = _run(tmp_path, "results/toy/elias.json", extra=["-n", "-p"], overrides=over)
-    blocks = [b for b in (r.stdout + r.stderr).split("\nrule ")[1:] if b.startswith("elias_predict:")]
+    rules = (r.stdout + r.stderr).split("\nrule ")[1:]
+    blocks = [b for b in rules if b.startswith("elias_predict:")]
     assert len(blocks) >= 3 and all('"topk": 150' in b for b in blocks), blocks
+    plus = [b for b in rules if b.startswith("elias_plus_predict:")]     # ELIAS++'s own answer: evaluate.topk
+    assert plus and all('"topk": 100' in b for b in plus), plus
 
 
 def test_bad_config_key_stops_at_start(tmp_path):

@@ -221,7 +221,7 @@ rule elias_plus_predict:
     log:
         "logs/elias_plus_predict/{dataset}-{tree}-{enc}-{maxlen}-{cal}.log",
     params:
-        settings=lambda w: json.dumps({"topk": max(S(w)["evaluate"]["topk"], S(w)["elias"]["plus"]["n_candidates"]), "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
+        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
         hash=H("elias_plus_predict"),
         cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
     threads: 1
