@@ -299,10 +299,23 @@ Trained (reuters-all5, two epochs, the whole valid split at the end; the guard's
 uniform 0.9953 pass (the tree's index: 0.9944).  Uniform is the default: the highest or within 0.0003 of it
 on both sets at the start, where a share of 0.2 or more on stage 1's labels keeps yso-finna-sv-50k
 at stage 1's recall (the rows' other candidates, which add the recall, then rank below every label of
-the beam's clusters).  Eq. 10's random values lose 0.056 of that on yso against equal values.  Not yet
-measured: the trained stage 2 on yso-finna-sv-50k from each start (``bench/gpu_elias_choices.sh``:
-the ``-partition`` alias there is this default, the ``-weak`` one now too; a GPU run decides whether
-the start's lead holds after training).
+the beam's clusters).  Eq. 10's random values lose 0.056 of that on yso against equal values.
+
+Trained on yso-finna-sv-50k (stage 2 from the same default stage 1, two epochs, ``length_bucket`` 50;
+the ``-eq10`` alias against the default's ``-lb50`` folder; 2 CPU cores, 2026-12-02; valid shortlist
+recall@1,806 / P@1 on 2,000 valid documents at steps 0, 1,128, 2,256, then the guard on all 5,000):
+
+==========================  =============  =============  =============  ===============  ===========
+``a_init``                  step 0         step 1,128     step 2,256     all valid        no row of A
+==========================  =============  =============  =============  ===============  ===========
+partition (the default)     0.5162 / .107  0.5391 / .069  0.5587 / .083  0.5629 / 0.0928  0
+random (Eq. 10, the paper)  0.4785 / .060  0.5233 / .070  0.5470 / .087  0.5512 / 0.0968  6,918
+==========================  =============  =============  =============  ===============  ===========
+
+The partition start keeps its lead through training: 0.0117 of recall at the end (the guard's noise
+is 0.012), and Eq. 10's start leaves 6,918 of the 18,056 labels in no row of ``A``, never predicted;
+its P@1 is 0.4 higher (20 of 5,000 documents).  ``partition`` stays.  Test (stage 2's predictions at
+``yhat_power`` 0.75, P@1 / P@5 / R@100): partition 9.77 / 5.22 / 32.40, random 9.76 / 5.24 / 31.88.
 
 ``wl_decay`` and ``wl_update_every``: on reuters-all5 and debtags stage 1's beam holds every cluster
 (b = C) or most (45 of 64), so every step's shortlists touch every row of ``W_L``: ``touched`` and
@@ -315,6 +328,16 @@ recall, against the guard's noise of 0.012 (two standard errors of the per-docum
 ``touched`` stays the default as the reading closer to the paper's 10-step update.  ``wl_update_every: 10`` on reuters-all5 (stage 2, Eq. 10's start, stopped at step
 308 of 438 for the CPU): valid recall 0.9885 at every evaluation, as with every step (0.9885), P@1
 0.87-0.91 against 0.89-0.91.  Its reason is speed (``bench/bench_elias_wl_update.py``).
+yso-finna-sv-50k (stage 2 only, from the default stage 1: the ``-k10s2`` alias; 2 CPU cores,
+2026-12-02, run beside ``-eq10``, one thread each): valid recall@1,806 / P@1 at steps 0, 1,128,
+2,256 and on all valid documents, k = 10: 0.5162 / 0.107, 0.5456 / 0.055, 0.5653 / 0.060,
+0.5636 / 0.0672; k = 1 (the default): 0.5162 / 0.107, 0.5391 / 0.069, 0.5587 / 0.083, 0.5629 / 0.0928.
+The same recall (a difference of 0.0007) and 2.6 points less P@1 (128 of 5,000 documents): W_L,
+stepped a tenth as often at the same learning rate, ranks the shortlist worse.  Side by side on one
+machine the two trained at the same speed (13.97 and 13.92 sequences/s): on CPU the encoder's
+passes cost the time, not W_L's update.  ``wl_update_every: 1`` stays; stage 1 at k = 10 is not
+measured on yso (the ``-k10`` alias).  Test (P@1 / P@5 / R@100 at ``yhat_power`` 0.75): k = 10
+7.39 / 4.08 / 28.04 against 9.77 / 5.22 / 32.40.
 
 ``predict.K`` (``bench/elias_predict_sizes.py``, reuters-all5 stage 2 (Eq. 10's start), valid
 split): K 100 / 200 (as trained) / 368: P@1 90.87, P@3 66.45, P@5 43.52 at all three; R@100 98.55 /
