@@ -71,15 +71,17 @@ def valid_table(plus: Path, stage2: Path, tfidf: str, labels: str, folds: int) -
     cand = elias_plus.candidates(pred, p.n_candidates)
     h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
     unc = elias_plus.uncalibrated_scores(cand.data, h, p)
-    y = elias_plus.candidate_truth(cand, Y)
-    cal = cross_fitted(h, cand, y, elias_plus.label_train_freq(plus / "ranker"), p, folds) + 1e-6 * unc
+    top, h_top, unc_top = elias_plus.calibration_subset(cand, h, unc, p.calibrate_top)
+    y = elias_plus.candidate_truth(top, Y)
+    cal = cross_fitted(h_top, top, y, elias_plus.label_train_freq(plus / "ranker"), p, folds) + 1e-6 * unc_top
 
-    def scored(data):
-        out = cand.copy()
+    def scored(c, data):
+        out = c.copy()
         out.data = np.asarray(data, dtype=np.float32)
         return topk_per_row(out, p.topk)
 
-    return [_row("stage2", pred, Y), _row("ranker", scored(unc), Y), _row(f"elias++ ({folds}-fold calibration)", scored(cal), Y)]
+    return [_row("stage2", pred, Y), _row("ranker", scored(cand, unc), Y),
+            _row(f"elias++ ({folds}-fold calibration)", scored(top, cal), Y)]
 
 
 def main() -> None:

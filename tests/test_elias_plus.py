@@ -122,3 +122,43 @@ def test_valid_bench_scores_each_row_with_a_tree_fit_on_the_other_folds(monkeypa
     for fit, sc in zip(fits, scored):
         assert not set(fit) & set(sc)                                           # never by its own tree
         assert len(fit) + len(sc) == cand.nnz
+
+
+def test_calibration_orders_the_rankers_top_candidates_only():
+    """``calibrate_top``: the tree scores each row's best ``calibrate_top`` candidates by the
+    uncalibrated score; the answer is those, ordered by the tree; with ``calibrate_top`` at least
+    the candidates' depth, every candidate is calibrated (the paper's ELIAS++, 100 of 100)."""
+    from xmc_steps.elias_plus import calibration_subset, plus_scores
+
+    rng = np.random.default_rng(4)
+    n, L, d = 60, 30, 8
+    Y = sp.random(n, L, density=0.1, random_state=4, format="csr")
+    Y.data[:] = 1
+    Xr = ranker_features(sp.csr_matrix(rng.normal(size=(n, d))), rng.normal(size=(n, 4)).astype(np.float32), "tfidf+neural")
+    cand = candidates(sp.csr_matrix(rng.random((n, L)).astype(np.float32) + 1e-3), 12)
+    p = EliasPlusParams(n_candidates=12, calibrate_top=5)
+    W = train(Xr, Y, cand, p)
+    h = ranker_scores(Xr, W, cand, p.solver.bias)
+    unc = uncalibrated_scores(cand.data, h, p)
+    top, h_top, unc_top = calibration_subset(cand, h, unc, 5)
+    assert np.all(np.diff(top.indptr) == 5)
+    for i in range(n):
+        a, b = cand.indptr[i], cand.indptr[i + 1]
+        best = set(cand.indices[a:b][np.argsort(-unc[a:b], kind="stable")[:5]])
+        assert set(top.indices[top.indptr[i]:top.indptr[i + 1]]) == best
+    # the kept entries carry their own margins and scores
+    full = {(r, c): (hh, u) for r, c, hh, u in zip(np.repeat(np.arange(n), 12), cand.indices, h, unc)}
+    for r, c, hh, u in zip(np.repeat(np.arange(n), 5), top.indices, h_top, unc_top):
+        assert full[(r, c)] == pytest.approx((hh, u))
+    # a tree that splits on the ELIAS score: the answer holds the top 5 by the ranker, ordered by the tree
+    F = calibration_features(h_top, top.data, top.indices, np.ones(L))
+    tree = fit_calibration(F, (rng.random(len(F)) < 0.3).astype(np.int64), 2)
+    out = plus_scores(Xr, W, cand, p, tree, np.ones(L))
+    assert np.all(np.diff(out.indptr) == 5)
+    assert np.array_equal(out.indices, top.indices)
+    assert out.data == pytest.approx(apply_tree(tree, F) + 1e-6 * unc_top, rel=1e-5)
+    # calibrate_top >= the depth: all candidates, as before the setting existed
+    same, h_all, _ = calibration_subset(cand, h, unc, 12)
+    assert same is cand and h_all is h
+    wide = plus_scores(Xr, W, cand, EliasPlusParams(n_candidates=12, calibrate_top=100, topk=12), tree, np.ones(L))
+    assert wide.nnz == cand.nnz

@@ -110,6 +110,8 @@ def _elias(ds):
         (ds, "elias.stage2.a_init", "random", "ELIAS §3.4, Eq. 10: A's nonzero values start as random(0, 1)"),
         (ds, "elias.train.length_bucket", 0, "ELIAS §4 names no batch sampler: random batches, as the authors' code"),
         (ds, "elias.predict.yhat_power", 1.0, "ELIAS §3.2: the final score p_l = sigma(w_l^T phi(x)) * yhat_l"),
+        (ds, "elias.plus.n_candidates", 100, "ELIAS §3.5: the sparse ranker is evaluated on ELIAS's top 100 predictions"),
+        (ds, "elias.plus.calibrate_top", 100, "ELIAS §3.5: the calibration scores those 100 candidates"),
     ]
 
 

@@ -3,9 +3,10 @@
 * **Sparse ranker.** The foundation's linear one-vs-all ranker
   (:func:`xmc_steps.ranker.train_rankers`, L2-regularised squared hinge, small weights
   dropped) on ``[phi_neural(x) ⊕ phi_tfidf(x)]`` (each block L2-normalised), trained for
-  each label on the training points whose top-``n_candidates`` (100) ELIAS predictions
+  each label on the training points whose top-``n_candidates`` ELIAS predictions
   contain it, plus its own positives (each label is its own "cluster" of the ranker's
-  instance mask).  At prediction it scores the same top-100 candidates.
+  instance mask).  At prediction it scores the same top-``n_candidates`` candidates (300; the
+  paper's 100: "How deep" below).
 * **Without calibration** (Table 3, "+ Sparse ranker w/o calibration") the final score is
   ``uncalibrated``: ``product`` (default) = ELIAS score x ``T(h)`` with ``T`` the
   l3-hinge transform, as a path product in a tree search; ``ranker`` = ``T(h)`` alone.
@@ -23,25 +24,63 @@
   score, which only orders candidates within one leaf.  The fitted tree is stored as
   plain arrays (``calibration.npz``) and applied by :func:`apply_tree`, no pickle.
 
-``n_candidates`` (100, the paper's): the candidates' depth at prediction, the ranker trained on the
-top 100 as ever, measured on yso-finna-sv-50k's validation split (stage 2 and ranker of the default
-chain at ``predict.yhat_power`` 0.75, 5,000 documents, the calibration cross-fitted on 5 folds as
-``bench/elias_plus_valid.py``; 2 CPU cores, 2026-12-02).  Stage 2 alone: P@1 10.14, R@100 33.56.
+How deep: ``n_candidates`` and ``calibrate_top``
+------------------------------------------------
+``n_candidates`` (config.yaml's ``elias.plus`` 300; the paper's 100, config.paper.yaml and this class's
+default, which the dual encoder's ranker keeps): the depth of stage 2's predictions the ranker trains on
+and scores.  ``calibrate_top`` (100): the calibration tree orders each row's top
+100 candidates by the uncalibrated score, and the answer is those (so it holds at most
+``calibrate_top`` labels).  At ``n_candidates`` <= ``calibrate_top`` this is the paper's ELIAS++: the
+tree scores all 100 candidates.  The reading chosen: the paper evaluates the ranker and the
+calibration on one list of 100; at a deeper list the tree's coarse leaves (at most 32 at depth 5)
+would order the deep candidates it barely separates, and the answer's recall would fall.
 
-=====  ====================  ===================  ================================
-depth  ranker P@1 / R@100    ELIAS++ P@1 / R@100  share of the truth in candidates
-=====  ====================  ===================  ================================
-100    18.16 / 33.56         19.02 / 33.56        29.2 %
-200    13.76 / 33.70         17.74 / 33.92        34.5 %
-300    11.78 / 32.60         17.80 / 33.26        37.8 %
-500    10.56 / 28.10         17.56 / 32.99        42.3 %
-1,000  10.26 / 19.08         17.40 / 31.65        48.9 %
-=====  ====================  ===================  ================================
+Chosen on the validation split (stage 2 and the ranker of each set's default chain, ``predict.yhat_power``
+0.75; the ranker trained on the train split's top-N; the calibration cross-fitted on 5 folds as
+``bench/elias_plus_valid.py`` does, averaged over 5 draws of the folds on yso; 2 CPU cores,
+2026-12-02; scripts of the session, not kept).  yso-finna-sv-50k (18,056 labels, 5,000 documents;
+stage 2 alone P@1 10.16, R@100 33.61):
 
-Deeper candidates hold more of the truth, but a ranker trained on the top 100 ranks the ones below
-them too high (each label's ranker never saw documents that held it deeper): 100 stays.  Training the
-ranker on as deep a list is not measured (its cost grows with the depth).  The stage-2 prediction files
-that feed ELIAS++ hold ``max(evaluate.topk, n_candidates)`` labels a row (rule ``elias_predict``).
+=====  ============================  =================================  ===========================  ==============
+depth  ranker P@1 / P@5 / R@100      ELIAS++, the tree on all N:         ELIAS++, the tree on the     ranker train s
+                                     P@1 / R@100                        ranker's top 100: P@1/R@100
+=====  ============================  =================================  ===========================  ==============
+100    18.18 / 8.06 / 33.61          18.65 (sd 0.19) / 33.61            the same                     49
+200    19.46 / 8.60 / 34.56          20.10 (one draw) / 32.89           --                           96
+300    19.96 / 8.82 / 34.81          20.10 (sd 0.19) / 33.19            **20.06** (sd 0.11) / 34.81  134
+500    20.50 / 8.92 / 34.92          20.18 (sd 0.27) / 33.61            20.56 (sd 0.19) / 34.92      210
+=====  ============================  =================================  ===========================  ==============
+
+On the two small label spaces stage 2's shortlist holds K = 200 labels, so a depth of 300 is 200 (one
+draw of the folds; valid P@1 / R@100):
+
+============  ==============================  ==============================  ================================
+set           ranker, depth 100 -> 200        ELIAS++, depth 100              ELIAS++, depth 200, top 100
+============  ==============================  ==============================  ================================
+debtags       92.53 / 98.86 -> 92.53 / 98.49  92.90 / 98.86                   92.65 / 98.49
+reuters-all5  97.04 / 99.31 -> 97.04 / 99.24  97.17 / 99.31                   96.53 / 99.24
+============  ==============================  ==============================  ================================
+
+- **Why deeper helps on yso**: stage 2's top 100 hold 29 % of the truth there, its top 300 38 %; a ranker
+  that trained on 300 candidates a row has seen each label's documents that held it that deep, so it
+  can lift them.  A ranker trained on the top 100 and applied to the top 300 could not: it ranks the
+  deeper labels too high (ELIAS++ P@1 17.80 on the same split, the ranker 11.78).  On debtags and
+  reuters the top 100 already hold 99 % of the truth.
+- **300, not 500**: 500 adds 0.5 of P@1 (the ranker's and ELIAS++'s alike) and 0.1 of R@100, for 1.6x
+  the ranker's training: its instances are depth x documents, so its time and the candidates' memory
+  grow linearly with the depth (yso at 300: 126 s and 1.1 GB peak against 85 s and 0.8 GB at 100; at
+  Wiki-500K's 1.78 M documents, 530 M candidate entries at 300).  The gains shrink with depth (per 100
+  more: +1.3, +0.5, +0.27 of the ranker's P@1), so 300 is the cost-aware choice on validation, not
+  the best P@1 measured; set 500 where the ranker's time is cheap.
+- **The cost on the small sets is within one run's noise**: debtags -0.25 of ELIAS++ P@1 (6 of 2,423
+  documents), reuters -0.64 (5 of 778); R@100 -0.37 and -0.07.  The gain on yso is +1.4 of P@1 (70 of
+  5,000) and +1.2 of R@100.  Chosen on yso's validation split; a default that only the larger label
+  space asked for, as said.
+- **The tree on the ranker's top 100**, not on all 300: the same P@1 within the noise of the fold draws,
+  and R@100 34.81 against 33.19.
+
+The stage-2 prediction files that feed ELIAS++ hold ``max(evaluate.topk, n_candidates)`` labels a row
+(rule ``elias_predict``).
 
 The stage (train, calibrate, predict) is :mod:`xmc_steps.stages.elias_plus`; this module is the
 scoring it and :mod:`xmc_steps.serving` share.
@@ -73,6 +112,7 @@ class EliasPlusParams(Params):
     role of TFN negatives), so there is no negatives setting."""
 
     n_candidates: int = bounded(100, ge=1)
+    calibrate_top: int = bounded(100, ge=1)
     neural_weight: float = bounded(1.0, gt=0)
     transform: Transform = "l3-hinge"
     uncalibrated: Literal["product", "ranker"] = "product"
@@ -113,6 +153,27 @@ def candidate_truth(cand: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
     return np.asarray(sp.csr_matrix(Y)[rows, cand.indices]).ravel() > 0
 
 
+def ranker_top(cand: sp.csr_matrix, score: np.ndarray, k: int) -> np.ndarray:
+    """Positions (into ``cand``'s stored entries, ascending) of each row's ``k`` best candidates by
+    ``score`` (ties -> lower label index): the candidates the calibration tree orders."""
+    S = sp.csr_matrix((np.asarray(score, dtype=np.float32), cand.indices, cand.indptr), shape=cand.shape)
+    rows, order, rank = io.row_ranks(S)
+    return np.sort(order[rank < k])
+
+
+def calibration_subset(cand: sp.csr_matrix, h: np.ndarray, score: np.ndarray, k: int
+                       ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """``(candidates, h, uncalibrated score)`` cut to each row's top-``k`` by the uncalibrated score
+    (``calibrate_top``); the whole of them when no row holds more than ``k``."""
+    if np.diff(cand.indptr).max(initial=0) <= k:
+        return cand, h, score
+    pos = ranker_top(cand, score, k)
+    rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))[pos]
+    indptr = np.zeros(cand.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=cand.shape[0]), out=indptr[1:])
+    return sp.csr_matrix((cand.data[pos], cand.indices[pos], indptr), shape=cand.shape), h[pos], score[pos]
+
+
 def calibration_features(h: np.ndarray, elias: np.ndarray, label_idx: np.ndarray, train_freq: np.ndarray) -> np.ndarray:
     return np.column_stack([h, elias, train_freq[label_idx]]).astype(np.float64)
 
@@ -149,11 +210,13 @@ def apply_tree(tree: dict[str, np.ndarray], F: np.ndarray) -> np.ndarray:
 def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: EliasPlusParams,
                 calibration: dict[str, np.ndarray] | None = None, train_freq: np.ndarray | None = None) -> sp.csr_matrix:
     """ELIAS++'s scores of the candidates (top-``p.topk`` per row): the calibration tree's
-    probability (ties broken by the uncalibrated score) when ``calibration`` is given, else the
-    uncalibrated combination (``p.uncalibrated``)."""
+    probability (ties broken by the uncalibrated score) of each row's top-``p.calibrate_top``
+    candidates by the uncalibrated score when ``calibration`` is given (the answer then holds at
+    most ``calibrate_top`` labels), else the uncalibrated combination (``p.uncalibrated``) of all."""
     h = ranker_scores(Xr, W, cand, p.solver.bias)
     score = uncalibrated_scores(cand.data, h, p)
     if calibration is not None:
+        cand, h, score = calibration_subset(cand, h, score, p.calibrate_top)
         score = apply_tree(calibration, calibration_features(h, cand.data, cand.indices, train_freq)) + 1e-6 * score
     out = cand.copy()
     out.data = np.asarray(score, dtype=np.float32)

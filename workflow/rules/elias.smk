@@ -153,7 +153,7 @@ def plus_params(w):
 
 
 rule elias_plus_ranker:
-    """ELIAS++ sparse ranker on [embedding ⊕ TF-IDF] over each training point's top-100."""
+    """ELIAS++ sparse ranker on [embedding ⊕ TF-IDF] over each training point's top-n_candidates."""
     input:
         X=R(lay.TFIDF) + "/X_train.npz",
         Y=R(lay.INGEST) + "/Y_train.npz",

@@ -84,18 +84,21 @@ def _calibrate_cli(args) -> None:
     out = Path(args.out)
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
         W, meta = elias_plus.load_ranker(args.model)
-        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("max_depth", "seed")}})
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]),
+                                       **{k: v for k, v in st.params.items() if k in ("max_depth", "seed", "calibrate_top")}})
         L = meta["n_labels"]
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
+        cand, h, _ = elias_plus.calibration_subset(cand, h, elias_plus.uncalibrated_scores(cand.data, h, p), p.calibrate_top)
         y = elias_plus.candidate_truth(cand, Y)
         F = elias_plus.calibration_features(h, cand.data, cand.indices, elias_plus.label_train_freq(args.model))
         with st.timed("fit"):
             tree = elias_plus.fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
         with io.atomic_dir(out) as tmp:
             io.save_arrays(tmp / "calibration.npz", **tree)
-            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth, "n_fit": int(len(y)),
+            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth,
+                                                     "calibrate_top": p.calibrate_top, "n_fit": int(len(y)),
                                                      "positives": int(y.sum()),
                                                      "features": ["ranker_margin", "elias_score", "label_train_freq"]})
         st.output("calibration", out)
@@ -107,7 +110,7 @@ def _calibrate_cli(args) -> None:
 def _predict_cli(args) -> None:
     with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
         W, meta = elias_plus.load_ranker(args.model)
-        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated")}})
+        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated", "calibrate_top")}})
         L = meta["n_labels"]
         Xr, cand = _inputs(args, st, p, L)
         t0 = time.perf_counter()
