@@ -42,6 +42,8 @@ NO_CLASS = {"split", "ingest", "tfidf", "encoders", "tokenize", "cluster", "para
 NOT_IN_SCHEMA = {
     "LightXMLParams.negatives": "the rules' {sampling} wildcard: lightxml's dynamic negatives, lightxml-static's static",
     "EliasPlusParams.transform": "ELIAS++ re-ranks with the default transform: not a key of elias.plus",
+    "DualEncoderRankerParams.transform": "the dual encoder's ranker (ELIAS++'s class) re-ranks with the default "
+                                         "transform: not a key of dual_encoder.ranker",
 }
 
 #: settings whose schema bounds are meant to differ from the class's: (schema's, class's, why);

@@ -26,9 +26,9 @@
 
 How deep: ``n_candidates`` and ``calibrate_top``
 ------------------------------------------------
-``n_candidates`` (config.yaml's ``elias.plus`` 300; the paper's 100, config.paper.yaml and this class's
-default, which the dual encoder's ranker keeps): the depth of stage 2's predictions the ranker trains on
-and scores.  ``calibrate_top`` (100): the calibration tree orders each row's top
+``n_candidates`` (300; the paper's 100, config.paper.yaml; the dual encoder's ranker keeps 100,
+:class:`xmc_steps.dual_encoder.params.DualEncoderRankerParams`): the depth of stage 2's predictions the
+ranker trains on and scores.  ``calibrate_top`` (100): the calibration tree orders each row's top
 100 candidates by the uncalibrated score, and the answer is those (so it holds at most
 ``calibrate_top`` labels).  At ``n_candidates`` <= ``calibrate_top`` this is the paper's ELIAS++: the
 tree scores all 100 candidates.  The reading chosen: the paper evaluates the ranker and the
@@ -124,7 +124,7 @@ class EliasPlusParams(Params):
     Each label's ranker trains on the documents whose candidates hold it (the candidates play the
     role of TFN negatives), so there is no negatives setting."""
 
-    n_candidates: int = bounded(100, ge=1)
+    n_candidates: int = bounded(300, ge=1)
     calibrate_top: int = bounded(100, ge=1)
     neural_weight: float = bounded(1.0, gt=0)
     transform: Transform = "l3-hinge"

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..elias_plus import EliasPlusParams
 from ..neural import Amp
 from ..params import Params, bounded
 from ..trainer import TrainParams
@@ -103,3 +104,14 @@ class DualEncoderParams(Params):
     def label_refresh_steps(self, n_train: int) -> int:
         """Steps between the label refreshes (``label_refresh_every`` epochs, at least one step)."""
         return max(1, round(self.label_refresh_every * self.steps_per_epoch(n_train)))
+
+
+@dataclass
+class DualEncoderRankerParams(EliasPlusParams):
+    """``dual_encoder.ranker``: ELIAS++'s ranker stage (:class:`xmc_steps.elias_plus.EliasPlusParams`) over the
+    dual encoder's shortlist, NGAME's second module.  Its depth stays the 100 candidates ELIAS++ ranks in
+    the paper: the deeper default of ``elias.plus`` (300) was measured on ELIAS's stage 2 only."""
+
+    n_candidates: int = bounded(100, ge=1)
+
+    _what = "dual-encoder ranker parameter"

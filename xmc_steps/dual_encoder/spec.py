@@ -91,7 +91,7 @@ SPEC = MethodSpec(
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs, trees=trees,
     concepts=concepts, predictor="xmc_steps.dual_encoder.serve:scores", rules="dual_encoder.smk",
     params=(("dual_encoder", "xmc_steps.dual_encoder.params:DualEncoderParams", ()),
-            ("dual_encoder.ranker", "xmc_steps.elias_plus:EliasPlusParams", ())),
+            ("dual_encoder.ranker", "xmc_steps.dual_encoder.params:DualEncoderRankerParams", ())),
     rule_settings={
         "dual_encoder_train": _MODEL,
         "dual_encoder_predict": _MODEL,
