@@ -95,6 +95,14 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
         assert freq == pytest.approx(train_freq)
         assert not np.allclose(freq, train_freq + np.asarray(split["valid"].sum(axis=0)).ravel())
     assert io.read_predictions(tmp_path / "pred.parquet", L).shape == (n, L)
+    # calibrate_top below the depth: the tree is fit on, and answers, each row's top 3 by the ranker
+    run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
+        "--out", str(tmp_path / "cal3"), "--params", '{"n_candidates": 5, "calibrate_top": 3}')
+    run("predict", "valid", "--model", str(tmp_path / "ranker"), "--calibration", str(tmp_path / "cal3"),
+        "--out", str(tmp_path / "pred3.parquet"), "--params", '{"n_candidates": 5, "calibrate_top": 3}')
+    meta = io.read_json(tmp_path / "cal3" / "calibration.json")
+    assert meta["calibrate_top"] == 3 and meta["n_fit"] == 3 * n
+    assert np.all(np.diff(io.read_predictions(tmp_path / "pred3.parquet", L).indptr) == 3)
 
 
 def test_valid_bench_scores_each_row_with_a_tree_fit_on_the_other_folds(monkeypatch):
