@@ -112,7 +112,7 @@ from . import io
 from .errors import StageError
 from .params import Params, bounded
 from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
-from .search import Transform, masked_product, topk_per_row, transform
+from .search import Transform, masked_product, top_entries, topk_per_row, transform
 
 FORMAT = "xmc-elias-plus-v1"
 
@@ -166,25 +166,15 @@ def candidate_truth(cand: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
     return np.asarray(sp.csr_matrix(Y)[rows, cand.indices]).ravel() > 0
 
 
-def ranker_top(cand: sp.csr_matrix, score: np.ndarray, k: int) -> np.ndarray:
-    """Positions (into ``cand``'s stored entries, ascending) of each row's ``k`` best candidates by
-    ``score`` (ties -> lower label index): the candidates the calibration tree orders."""
-    S = sp.csr_matrix((np.asarray(score, dtype=np.float32), cand.indices, cand.indptr), shape=cand.shape)
-    rows, order, rank = io.row_ranks(S)
-    return np.sort(order[rank < k])
-
-
 def calibration_subset(cand: sp.csr_matrix, h: np.ndarray, score: np.ndarray, k: int
                        ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
     """``(candidates, h, uncalibrated score)`` cut to each row's top-``k`` by the uncalibrated score
-    (``calibrate_top``); the whole of them when no row holds more than ``k``."""
+    (``calibrate_top``; ties -> lower label index); the whole of them when no row holds more than ``k``."""
     if np.diff(cand.indptr).max(initial=0) <= k:
         return cand, h, score
-    pos = ranker_top(cand, score, k)
-    rows = np.repeat(np.arange(cand.shape[0]), np.diff(cand.indptr))[pos]
-    indptr = np.zeros(cand.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=cand.shape[0]), out=indptr[1:])
-    return sp.csr_matrix((cand.data[pos], cand.indices[pos], indptr), shape=cand.shape), h[pos], score[pos]
+    keep, indptr = top_entries(sp.csr_matrix((np.asarray(score, dtype=np.float32), cand.indices, cand.indptr),
+                                             shape=cand.shape), k)
+    return sp.csr_matrix((cand.data[keep], cand.indices[keep], indptr), shape=cand.shape), h[keep], score[keep]
 
 
 def calibration_features(h: np.ndarray, elias: np.ndarray, label_idx: np.ndarray, train_freq: np.ndarray) -> np.ndarray:

@@ -65,7 +65,6 @@ def topk_per_row(M: sp.spmatrix, k: int | np.ndarray) -> sp.csr_matrix:
         out = sp.csr_matrix((vals.ravel(), part.ravel(), np.arange(0, n * k + 1, k)), shape=(n, m))
         return out
     M = sp.csr_matrix(M)
-    n = M.shape[0]
     lens = np.diff(M.indptr)
     if not per_row:
         if k <= 0:
@@ -74,13 +73,21 @@ def topk_per_row(M: sp.spmatrix, k: int | np.ndarray) -> sp.csr_matrix:
             out = M.copy()
             out.sort_indices()
             return out
-    rows, order, rank = io.row_ranks(M)
-    keep = np.sort(order[rank < (np.asarray(k)[rows] if per_row else k)])
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows[keep], minlength=n), out=indptr[1:])
+    keep, indptr = top_entries(M, k)
     out = sp.csr_matrix((M.data[keep], M.indices[keep], indptr), shape=M.shape)
     out.sort_indices()
     return out
+
+
+def top_entries(M: sp.csr_matrix, k: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep, indptr)``: the stored positions of each row's ``k`` largest entries of the CSR ``M``
+    (ascending, so in ``M``'s order; ties -> lower column index) and the row pointer of the CSR they
+    make.  :func:`topk_per_row`'s selection, for callers that cut arrays aligned with ``M``'s entries."""
+    rows, order, rank = io.row_ranks(M)
+    keep = np.sort(order[rank < (np.asarray(k)[rows] if np.ndim(k) > 0 else k)])
+    indptr = np.zeros(M.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows[keep], minlength=M.shape[0]), out=indptr[1:])
+    return keep, indptr
 
 
 def expand_children(beam: sp.csr_matrix, C_t: sp.csr_matrix) -> sp.csr_matrix:
