@@ -7,7 +7,7 @@ table() { python3 bench/results_table.py "$@"; }   # one line per target
 
 prepare() {     # DRY=1: print the plan (snakemake -n) and exit; else the set-up and the device's name
   if [ "${DRY:-0}" = 1 ]; then
-    python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS | grep -A40 "^Job stats"
+    python3 -m snakemake -n $CONFIG --cores 16 --resources gpu=$GPU_JOBS -- $TARGETS 2>&1 | grep -A40 -E "^Job stats|^[A-Za-z]*(Error|Exception)"
     exit 0
   fi
   source .gpu/setup.sh
