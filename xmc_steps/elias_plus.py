@@ -181,6 +181,14 @@ def calibration_features(h: np.ndarray, elias: np.ndarray, label_idx: np.ndarray
     return np.column_stack([h, elias, train_freq[label_idx]]).astype(np.float64)
 
 
+def calibration_inputs(cand: sp.csr_matrix, h: np.ndarray, score: np.ndarray, p: EliasPlusParams,
+                       train_freq: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """What the calibration tree sees, at fit (the calibrate stage) and at prediction (:func:`plus_scores`)
+    alike: ``(candidates, features, uncalibrated score)`` of each row's top-``p.calibrate_top`` candidates."""
+    cand, h, score = calibration_subset(cand, h, score, p.calibrate_top)
+    return cand, calibration_features(h, cand.data, cand.indices, train_freq), score
+
+
 def fit_calibration(F: np.ndarray, y: np.ndarray, max_depth: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Fit the decision tree; return its arrays (see :func:`apply_tree`)."""
     from sklearn.tree import DecisionTreeClassifier
@@ -219,8 +227,8 @@ def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: Elias
     h = ranker_scores(Xr, W, cand, p.solver.bias)
     score = uncalibrated_scores(cand.data, h, p)
     if calibration is not None:
-        cand, h, score = calibration_subset(cand, h, score, p.calibrate_top)
-        score = apply_tree(calibration, calibration_features(h, cand.data, cand.indices, train_freq)) + 1e-6 * score
+        cand, F, score = calibration_inputs(cand, h, score, p, train_freq)
+        score = apply_tree(calibration, F) + 1e-6 * score
     out = cand.copy()
     out.data = np.asarray(score, dtype=np.float32)
     return topk_per_row(out, p.topk)

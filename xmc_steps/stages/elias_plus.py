@@ -90,9 +90,9 @@ def _calibrate_cli(args) -> None:
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
-        cand, h, _ = elias_plus.calibration_subset(cand, h, elias_plus.uncalibrated_scores(cand.data, h, p), p.calibrate_top)
+        cand, F, _ = elias_plus.calibration_inputs(cand, h, elias_plus.uncalibrated_scores(cand.data, h, p), p,
+                                                   elias_plus.label_train_freq(args.model))
         y = elias_plus.candidate_truth(cand, Y)
-        F = elias_plus.calibration_features(h, cand.data, cand.indices, elias_plus.label_train_freq(args.model))
         with st.timed("fit"):
             tree = elias_plus.fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
         with io.atomic_dir(out) as tmp:
