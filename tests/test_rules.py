@@ -49,3 +49,29 @@ def test_logs_follow_rule_and_wildcards():
         m = re.search(r'log:\n\s+"logs/(\w+)/', body)
         if m:
             assert m.group(1) in (name, name.rsplit("_", 1)[0], "label_embedding"), f"{fname}: rule {name}"
+
+
+#: the placeholders of a shell line that may carry a configured string (every artifact path lies under the
+#: configured results_dir, a dataset's path under data_dir or its own `path`; PY is the interpreter's path)
+_CONFIGURED = re.compile(r"\{(PY|DATA|RES|log|input|output|params)(\.\w+)?(\[[^\]]*\])?(:[^}]*)?\}")
+
+
+def _shell_lines(text: str):
+    """The string literals of every ``shell:`` block and of the module-level ``*_ARGS`` pieces of a rule file."""
+    for m in re.finditer(r"(?m)^\s+shell:\n((?:\s{8}.*\n?)+)", text):
+        yield from re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))
+    for m in re.finditer(r"(?m)^[A-Z_]+_ARGS = \(?((?:.*\n)*?.*\"\)?)\s*$", text):
+        yield from re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))
+
+
+def test_every_configured_string_reaches_the_shell_quoted():
+    """Issue 54: a path or JSON from the config is shell-quoted (Snakemake's ``:q``) wherever a shell line
+    uses it, so a quote, ``$()`` or a backtick in it is a character, not a command."""
+    files = sorted((ROOT / "workflow" / "rules").glob("*.smk")) + sorted((ROOT / "tests" / "toy_method").rglob("*.smk"))
+    seen = 0
+    for f in files:
+        for line in _shell_lines(f.read_text()):
+            for m in _CONFIGURED.finditer(line):
+                seen += 1
+                assert (m.group(4) or "").endswith("q"), f"{f.name}: {m.group(0)} is not quoted (add :q) in {line!r}"
+    assert seen > 100, seen

@@ -326,8 +326,20 @@ def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
     _quiet_mlflow()
+    if _sqlite_path(uri) is not None and uri not in _OPENED:
+        # A new database gets MLflow's "Default" experiment through a hand-built INSERT that quotes its
+        # artifact location with Python's repr: a results folder with a quote in its path ("bob's set")
+        # breaks that SQL.  Opening the store first with a percent-encoded artifact root makes that
+        # location quote-free; MlflowClient then finds the experiment there.
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+        SqlAlchemyStore(uri, artifact_root().as_uri())
+        _OPENED.add(uri)
     return MlflowClient(tracking_uri=uri)
+
+
+#: the SQLite stores this process has opened through :func:`_client`
+_OPENED: set[str] = set()
 
 
 def _experiment_id(client, dataset: str, log=None) -> str:

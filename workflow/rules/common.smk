@@ -34,7 +34,7 @@ except xcfg.ConfigError as e:
 PY = sys.executable
 # the stage harness's common flags (xmc_steps.stage.add_common_args), ending every stage's shell line;
 # a rule adds --method and --threads where they apply
-STAGE_ARGS = ("--params {params.settings:q} --record {output.record} --log {log:q} --dataset {wildcards.dataset} "
+STAGE_ARGS = ("--params {params.settings:q} --record {output.record:q} --log {log:q} --dataset {wildcards.dataset} "
               "--rule {rule} --config-hash {params.hash}")
 DATA = config["data_dir"]
 RES = config["results_dir"]

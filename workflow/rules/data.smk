@@ -23,7 +23,7 @@ rule prepare:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.prepare_debtags --out {params.out} --work-dir {params.workdir} "
+        "{PY:q} -m xmc_steps.stages.prepare_debtags --out {params.out:q} --work-dir {params.workdir:q} "
         "--log {log:q} --dataset debtags --rule {rule}"
 
 
@@ -42,8 +42,8 @@ rule ingest:
     params:
         settings=P("split", "ingest", nest=True),
         hash=H("ingest"),
-        path=lambda w: S(w).get("path") or "",
-        layout=lambda w: S(w).get("layout") or "",
+        path=lambda w: ["--path", S(w)["path"]] if S(w).get("path") else [],
+        layout=lambda w: ["--layout", S(w)["layout"]] if S(w).get("layout") else [],
         out=R(lay.INGEST),
     threads: 1
     resources:
@@ -52,6 +52,5 @@ rule ingest:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.ingest --name {wildcards.dataset} --data-dir {DATA} "
-        "$( [ -n '{params.path}' ] && echo --path '{params.path}' ) "
-        "$( [ -n '{params.layout}' ] && echo --layout '{params.layout}' ) --out {params.out} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ingest --name {wildcards.dataset} --data-dir {DATA:q} "
+        "{params.path:q} {params.layout:q} --out {params.out:q} " + STAGE_ARGS

@@ -52,9 +52,9 @@ rule dual_encoder_train:
         "../../envs/gpu.yaml"
     shell:
         # one malloc arena: the batches' changing shapes fragment the default arenas (debtags: 7.5 GB peak, ~2 GB with one)
-        "MALLOC_ARENA_MAX=1 {PY} -m xmc_steps.stages.dual_encoder train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --label-table {input.labels} --linear-model {input.linear} "
-        "--tfidf-valid {input.X} --out {params.out} --method dual-encoder --threads {threads} " + STAGE_ARGS
+        "MALLOC_ARENA_MAX=1 {PY:q} -m xmc_steps.stages.dual_encoder train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "--labels-valid {input.Y[1]:q} --label-table {input.labels:q} --linear-model {input.linear:q} "
+        "--tfidf-valid {input.X:q} --out {params.out:q} --method dual-encoder --threads {threads} " + STAGE_ARGS
 
 
 rule dual_encoder_predict:
@@ -84,8 +84,8 @@ rule dual_encoder_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.dual_encoder predict --model {params.model} --tokens {input.tokens} "
-        "--out {output.predictions} --emb-out {output.emb} --phase {params.phase} --method dual-encoder "
+        "{PY:q} -m xmc_steps.stages.dual_encoder predict --model {params.model:q} --tokens {input.tokens:q} "
+        "--out {output.predictions:q} --emb-out {output.emb:q} --phase {params.phase:q} --method dual-encoder "
         "--threads {threads} " + STAGE_ARGS
 
 
@@ -116,8 +116,8 @@ rule dual_encoder_ranker:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
-        "--candidates {input.cand} --out {output.model} --method dual-encoder --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus train --tfidf {input.X:q} --emb {input.emb:q} --labels {input.Y:q} "
+        "--candidates {input.cand:q} --out {output.model:q} --method dual-encoder --threads {threads} " + STAGE_ARGS
 
 
 rule dual_encoder_ranker_predict:
@@ -143,8 +143,8 @@ rule dual_encoder_ranker_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias_plus predict --model {input.model} --tfidf {input.X} --emb {input.emb} "
-        "--candidates {input.cand} --out {output.predictions} --method dual-encoder " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus predict --model {input.model:q} --tfidf {input.X:q} --emb {input.emb:q} "
+        "--candidates {input.cand:q} --out {output.predictions:q} --method dual-encoder " + STAGE_ARGS
 
 
 rule dual_encoder_ensemble:
@@ -168,5 +168,5 @@ rule dual_encoder_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --method dual-encoder " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
+        "--out {output.predictions:q} --method dual-encoder " + STAGE_ARGS

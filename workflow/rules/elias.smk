@@ -33,7 +33,7 @@ ELIAS_GUARD_INPUTS = {
     "linear": R(XTS.XT_LINEAR, emb="pifa-tfidf", fit="train") + "/model",
     "X_valid": R(lay.TFIDF) + "/X_valid.npz",
 }
-GUARD_ARGS = "--linear-model {input.linear} --tfidf-valid {input.X_valid} "
+GUARD_ARGS = "--linear-model {input.linear:q} --tfidf-valid {input.X_valid:q} "
 
 
 rule elias_stage1:
@@ -67,8 +67,8 @@ rule elias_stage1:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias train --stage 1 --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} " + GUARD_ARGS +
+        "{PY:q} -m xmc_steps.stages.elias train --stage 1 --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "--labels-valid {input.Y[1]:q} --tree {input.tree:q} --out {params.out:q} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
 
@@ -105,8 +105,8 @@ rule elias_stage2:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias train --stage 2 --init {params.init} --tokens-dir {params.tokens_dir} "
-        "--labels-train {input.Y[0]} --labels-valid {input.Y[1]} --out {params.out} " + GUARD_ARGS +
+        "{PY:q} -m xmc_steps.stages.elias train --stage 2 --init {params.init:q} --tokens-dir {params.tokens_dir:q} "
+        "--labels-train {input.Y[0]:q} --labels-valid {input.Y[1]:q} --out {params.out:q} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
 
@@ -142,8 +142,8 @@ rule elias_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias predict --model {params.model} --tokens {input.tokens} "
-        "--out {output.predictions} --emb-out {output.emb} --shortlist-out {output.shortlist} --phase {params.phase} "
+        "{PY:q} -m xmc_steps.stages.elias predict --model {params.model:q} --tokens {input.tokens:q} "
+        "--out {output.predictions:q} --emb-out {output.emb:q} --shortlist-out {output.shortlist:q} --phase {params.phase:q} "
         "--method elias --threads {threads} " + STAGE_ARGS
 
 
@@ -174,8 +174,8 @@ rule elias_plus_ranker:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias_plus train --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
-        "--candidates {input.cand} --out {output.model} --method elias --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus train --tfidf {input.X:q} --emb {input.emb:q} --labels {input.Y:q} "
+        "--candidates {input.cand:q} --out {output.model:q} --method elias --threads {threads} " + STAGE_ARGS
 
 
 rule elias_plus_calibrate:
@@ -201,8 +201,8 @@ rule elias_plus_calibrate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias_plus calibrate --model {input.model} --tfidf {input.X} --emb {input.emb} "
-        "--labels {input.Y} --candidates {input.cand} --out {output.model} --method elias " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus calibrate --model {input.model:q} --tfidf {input.X:q} --emb {input.emb:q} "
+        "--labels {input.Y:q} --candidates {input.cand:q} --out {output.model:q} --method elias " + STAGE_ARGS
 
 
 rule elias_plus_predict:
@@ -223,7 +223,7 @@ rule elias_plus_predict:
     params:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
         hash=H("elias_plus_predict"),
-        cal=lambda w, input: f"--calibration {input.calibration[0]}" if input.calibration else "",
+        cal=lambda w, input: ["--calibration", input.calibration[0]] if input.calibration else [],
     threads: 1
     resources:
         mem_mb=res("elias_plus_predict", "mem_mb", 8000),
@@ -231,8 +231,8 @@ rule elias_plus_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.elias_plus predict --model {input.model} {params.cal} --tfidf {input.X} "
-        "--emb {input.emb} --candidates {input.cand} --out {output.predictions} --method elias " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus predict --model {input.model:q} {params.cal:q} --tfidf {input.X:q} "
+        "--emb {input.emb:q} --candidates {input.cand:q} --out {output.predictions:q} --method elias " + STAGE_ARGS
 
 
 def elias_variant(w):
@@ -260,5 +260,5 @@ rule elias_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --method elias " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
+        "--out {output.predictions:q} --method elias " + STAGE_ARGS

@@ -25,8 +25,8 @@ rule effective_config:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.effective_config --dataset {wildcards.dataset} --method {wildcards.method} "
-        "--settings {params.settings:q} --out {output}"
+        "{PY:q} -m xmc_steps.stages.effective_config --dataset {wildcards.dataset} --method {wildcards.method} "
+        "--settings {params.settings:q} --out {output:q}"
 
 
 rule evaluate:
@@ -58,9 +58,9 @@ rule evaluate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.evaluate --predictions {input.predictions} --truth {input.truth} "
-        "--train-labels {input.train} --labels {input.labels} --stage-records {input.records} "
-        "--effective-config {input.config} --reported {input.reported:q} --out {output.result} --plot {output.plot} "
+        "{PY:q} -m xmc_steps.stages.evaluate --predictions {input.predictions:q} --truth {input.truth:q} "
+        "--train-labels {input.train:q} --labels {input.labels:q} --stage-records {input.records:q} "
+        "--effective-config {input.config:q} --reported {input.reported:q} --out {output.result:q} --plot {output.plot:q} "
         "--method {wildcards.method} " + STAGE_ARGS
 
 
@@ -102,7 +102,7 @@ rule seed_summary:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.leaderboard --summarise --seeds {input} --out {output} --log {log:q} --no-tracking"
+        "{PY:q} -m xmc_steps.stages.leaderboard --summarise --seeds {input:q} --out {output:q} --log {log:q} --no-tracking"
 
 
 def seed_summaries(dataset):
@@ -135,16 +135,16 @@ rule leaderboard:
         "logs/leaderboard/{dataset}.log",
     params:
         results=lambda w: [(p, os.path.getmtime(p)) for p in evaluated_targets(w.dataset) + seed_summaries(w.dataset)],
-        files=lambda w: " ".join(evaluated_targets(w.dataset)),
-        seeds=lambda w: " ".join(["--seeds"] + seed_summaries(w.dataset)) if seed_summaries(w.dataset) else "",
+        files=lambda w: evaluated_targets(w.dataset),
+        seeds=lambda w: ["--seeds"] + seed_summaries(w.dataset) if seed_summaries(w.dataset) else [],
         settings=lambda w: "{}",
         hash=lambda w: "none",   # it depends on no setting
     localrule: True
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.leaderboard --results {params.files} {params.seeds} --reported {input.reported:q} "
-        "--paper-config {input.paper_config:q} --out {output.md} "
+        "{PY:q} -m xmc_steps.stages.leaderboard --results {params.files:q} {params.seeds:q} --reported {input.reported:q} "
+        "--paper-config {input.paper_config:q} --out {output.md:q} "
         + STAGE_ARGS
 
 
@@ -161,7 +161,7 @@ rule leaderboard_all:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.leaderboard --tables {input.tables} --out {output.md} --log {log:q} --no-tracking"
+        "{PY:q} -m xmc_steps.stages.leaderboard --tables {input.tables:q} --out {output.md:q} --log {log:q} --no-tracking"
 
 
 def glob_datasets():

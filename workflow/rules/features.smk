@@ -24,7 +24,7 @@ rule tfidf:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.tfidf --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.tfidf --ingest {params.ingest:q} --out {params.out:q} " + STAGE_ARGS
 
 
 rule tokenize:
@@ -48,7 +48,7 @@ rule tokenize:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.tokenize --ingest {params.ingest} --out {params.out} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.tokenize --ingest {params.ingest:q} --out {params.out:q} " + STAGE_ARGS
 
 
 rule embed_pretrained:
@@ -73,4 +73,4 @@ rule embed_pretrained:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.embed --tokens {input.tokens} --out-dir {params.out} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.embed --tokens {input.tokens:q} --out-dir {params.out:q} " + STAGE_ARGS

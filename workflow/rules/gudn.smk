@@ -62,9 +62,9 @@ rule gudn_train:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.gudn train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --label-table {input.labels} --ingest-record {input.ingest} "
-        "--label-texts-file {params.label_texts:q} --tree {input.tree} --out {params.out} "
+        "{PY:q} -m xmc_steps.stages.gudn train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "--labels-valid {input.Y[1]:q} --label-table {input.labels:q} --ingest-record {input.ingest:q} "
+        "--label-texts-file {params.label_texts:q} --tree {input.tree:q} --out {params.out:q} "
         "--method gudn --threads {threads} " + STAGE_ARGS
 
 
@@ -92,5 +92,5 @@ rule gudn_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.lightxml predict --model {params.model} --tokens {input.tokens} "
-        "--out {output.predictions} --method gudn --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "--out {output.predictions:q} --method gudn --threads {threads} " + STAGE_ARGS

@@ -22,9 +22,9 @@ rule label_embedding_pifa_tfidf:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.label_embedding --kind pifa-tfidf --features {input.X} --labels {input.Y} "
-        "--out {output.emb} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "{PY:q} -m xmc_steps.stages.label_embedding --kind pifa-tfidf --features {input.X:q} --labels {input.Y:q} "
+        "--out {output.emb:q} --record {output.record:q} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash:q}"
 
 
 rule label_embedding_pifa_neural:
@@ -47,9 +47,9 @@ rule label_embedding_pifa_neural:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.label_embedding --kind pifa-neural --features {input.E} --labels {input.Y} "
-        "--out {output.emb} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash}"
+        "{PY:q} -m xmc_steps.stages.label_embedding --kind pifa-neural --features {input.E:q} --labels {input.Y:q} "
+        "--out {output.emb:q} --record {output.record:q} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --config-hash {params.hash:q}"
 
 
 rule label_embedding_text:
@@ -71,8 +71,8 @@ rule label_embedding_text:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.label_embedding --kind text-emb --label-table {input.labels} "
-        "--out {output.emb} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.label_embedding --kind text-emb --label-table {input.labels:q} "
+        "--out {output.emb:q} " + STAGE_ARGS
 
 
 def TREE_SETTINGS(w):
@@ -103,7 +103,7 @@ rule cluster:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.cluster --label-emb {input.emb} --out {output.tree} "
-        "--branching {params.t[branching]} --leaf-size {params.t[leaf_size]} --min-leaves {params.t[min_leaves]} "
-        "--seed {params.t[seed]} --max-iter {params.t[max_iter]} --record {output.record} "
-        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --threads {threads} --config-hash {params.hash}"
+        "{PY:q} -m xmc_steps.stages.cluster --label-emb {input.emb:q} --out {output.tree:q} "
+        "--branching {params.t[branching]:q} --leaf-size {params.t[leaf_size]:q} --min-leaves {params.t[min_leaves]:q} "
+        "--seed {params.t[seed]:q} --max-iter {params.t[max_iter]:q} --record {output.record:q} "
+        "--log {log:q} --dataset {wildcards.dataset} --rule {rule} --threads {threads} --config-hash {params.hash:q}"

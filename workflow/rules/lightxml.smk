@@ -45,8 +45,8 @@ rule lightxml_train:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.lightxml train --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --tree {input.tree} --out {params.out} "
+        "{PY:q} -m xmc_steps.stages.lightxml train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "--labels-valid {input.Y[1]:q} --tree {input.tree:q} --out {params.out:q} "
         "--method lightxml --threads {threads} " + STAGE_ARGS
 
 
@@ -74,8 +74,8 @@ rule lightxml_predict:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.lightxml predict --model {params.model} --tokens {input.tokens} "
-        "--out {output.predictions} --method lightxml --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "--out {output.predictions:q} --method lightxml --threads {threads} " + STAGE_ARGS
 
 
 rule lightxml_ensemble:
@@ -100,5 +100,5 @@ rule lightxml_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --method lightxml " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
+        "--out {output.predictions:q} --method lightxml " + STAGE_ARGS

@@ -35,8 +35,8 @@ rule xr_linear_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
-        "--out {output.model} --method xr-linear --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.xr_linear train --features {input.X:q} --labels {input.Y:q} --tree {input.tree:q} "
+        "--out {output.model:q} --method xr-linear --threads {threads} " + STAGE_ARGS
 
 
 rule xr_linear_predict:
@@ -59,7 +59,7 @@ rule xr_linear_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xr_linear predict --model {input.model} --features {input.X} --out {output.predictions} "
+        "{PY:q} -m xmc_steps.stages.xr_linear predict --model {input.model:q} --features {input.X:q} --out {output.predictions:q} "
         "--method xr-linear " + STAGE_ARGS
 
 
@@ -83,7 +83,7 @@ rule parabel_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.parabel train --features {input.X} --labels {input.Y} --out {output.model} "
+        "{PY:q} -m xmc_steps.stages.parabel train --features {input.X:q} --labels {input.Y:q} --out {output.model:q} "
         "--method parabel --threads {threads} " + STAGE_ARGS
 
 
@@ -108,5 +108,5 @@ rule parabel_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.parabel predict --model {input.model} --features {input.X} --label-table {input.labels} "
-        "--out {output.predictions} --method parabel --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.parabel predict --model {input.model:q} --features {input.X:q} --label-table {input.labels:q} "
+        "--out {output.predictions:q} --method parabel --threads {threads} " + STAGE_ARGS

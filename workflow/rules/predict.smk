@@ -20,8 +20,8 @@ rule debtags_untagged:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.prepare_debtags --untagged {params.out} --work-dir {params.workdir} "
-        "--exclude-ids {input.ids} --log {log:q} --dataset debtags --rule {rule}"
+        "{PY:q} -m xmc_steps.stages.prepare_debtags --untagged {params.out:q} --work-dir {params.workdir:q} "
+        "--exclude-ids {input.ids:q} --log {log:q} --dataset debtags --rule {rule}"
 
 
 def unlabelled_texts(w):
@@ -43,7 +43,7 @@ rule suggestions:
     params:
         model=lambda w: R(lay.METHOD, w, method=S(w)["suggestions"]["method"]),
         top_k=lambda w: S(w)["suggestions"]["top_k"],
-        ids=lambda w, input: f"--ids {input.ids}" if "ids" in input.keys() else "",
+        ids=lambda w, input: ["--ids", input.ids] if "ids" in input.keys() else [],
     threads: 1
     resources:
         mem_mb=res("suggestions", "mem_mb", 8000),
@@ -51,5 +51,5 @@ rule suggestions:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.predict --model {params.model} --top-k {params.top_k} --input {input.texts} {params.ids} "
-        "--out {output} --skip-empty 2> {log:q}"
+        "{PY:q} -m xmc_steps.stages.predict --model {params.model:q} --top-k {params.top_k:q} --input {input.texts:q} {params.ids:q} "
+        "--out {output:q} --skip-empty 2> {log:q}"

@@ -56,8 +56,8 @@ rule xtransformer_linear_train:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xr_linear train --features {input.X} --labels {input.Y} --tree {input.tree} "
-        "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.xr_linear train --features {input.X:q} --labels {input.Y:q} --tree {input.tree:q} "
+        "--out {output.model:q} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 def xt_clusters_params(w):
@@ -91,7 +91,7 @@ rule xtransformer_linear_clusters:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xr_linear clusters --model {input.model} --features {input.X} --out {output.clusters} "
+        "{PY:q} -m xmc_steps.stages.xr_linear clusters --model {input.model:q} --features {input.X:q} --out {output.clusters:q} "
         "--method xtransformer " + STAGE_ARGS
 
 
@@ -128,8 +128,8 @@ rule matcher:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir} --labels-train {input.Y[0]} "
-        "--labels-valid {input.Y[1]} --cluster-assign {input.tree} --linear-clusters {input.linear} --out {params.out} "
+        "{PY:q} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "--labels-valid {input.Y[1]:q} --cluster-assign {input.tree:q} --linear-clusters {input.linear:q} --out {params.out:q} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
 
 
@@ -180,7 +180,7 @@ rule xtransformer_ranker:
     params:
         settings=xt_ranker_params,
         hash=H("xtransformer_ranker"),
-        emb=lambda w, input: f"--emb {' '.join(input.emb)}" if w.rin == "tfidf+neural" else "",
+        emb=lambda w, input: ["--emb", *input.emb] if w.rin == "tfidf+neural" else [],
     threads: threads_of
     resources:
         mem_mb=res("xtransformer_ranker", "mem_mb", 16000),
@@ -188,9 +188,9 @@ rule xtransformer_ranker:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xtransformer train --tfidf {input.X} {params.emb} --labels {input.Y} "
-        "--clusters {input.clusters} --linear {input.linear} --tree {input.tree} --guard {input.guard} "
-        "--out {output.model} --method xtransformer --threads {threads} " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.xtransformer train --tfidf {input.X:q} {params.emb:q} --labels {input.Y:q} "
+        "--clusters {input.clusters:q} --linear {input.linear:q} --tree {input.tree:q} --guard {input.guard:q} "
+        "--out {output.model:q} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
 rule xtransformer_predict:
@@ -217,8 +217,8 @@ rule xtransformer_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xtransformer predict --model {input.model} --matcher-model {input.matcher} "
-        "--tfidf {input.X} --emb {input.emb} --clusters {input.clusters} --linear {input.linear} --out {output.predictions} "
+        "{PY:q} -m xmc_steps.stages.xtransformer predict --model {input.model:q} --matcher-model {input.matcher:q} "
+        "--tfidf {input.X:q} --emb {input.emb:q} --clusters {input.clusters:q} --linear {input.linear:q} --out {output.predictions:q} "
         "--method xtransformer " + STAGE_ARGS
 
 
@@ -253,9 +253,9 @@ rule xtransformer_select:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.xtransformer select --tfidf {input.X} --emb {input.emb} --labels {input.Y} "
-        "--clusters {input.clusters} --linear {input.linear} --matcher-model {input.matcher} --tree {input.tree} "
-        "--out-csv {output.csv} --out-md {output.md} --out-json {output.json} "
+        "{PY:q} -m xmc_steps.stages.xtransformer select --tfidf {input.X:q} --emb {input.emb:q} --labels {input.Y:q} "
+        "--clusters {input.clusters:q} --linear {input.linear:q} --matcher-model {input.matcher:q} --tree {input.tree:q} "
+        "--out-csv {output.csv:q} --out-md {output.md:q} --out-json {output.json:q} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
 
 
@@ -290,5 +290,5 @@ rule xtransformer_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY} -m xmc_steps.stages.ensemble --predictions {input.members} --label-table {input.labels} "
-        "--out {output.predictions} --method xtransformer " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
+        "--out {output.predictions:q} --method xtransformer " + STAGE_ARGS

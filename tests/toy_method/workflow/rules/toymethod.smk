@@ -19,5 +19,5 @@ rule toymethod_train:
         out=R(TOY.TOYMETHOD),
     threads: 1
     shell:
-        "{PY} -m xmc_steps.stages.toymethod --labels-train {input.Y} --n-test {input.Y_test} --out {params.out} "
+        "{PY:q} -m xmc_steps.stages.toymethod --labels-train {input.Y:q} --n-test {input.Y_test:q} --out {params.out:q} "
         "--method toymethod " + STAGE_ARGS
