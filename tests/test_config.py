@@ -175,3 +175,46 @@ def test_seed_replicas_reseed_everything_but_the_split():
     # a replica of a Wikipedia set keeps its base's propensity constants
     w = config.load(ROOT / "config.yaml", {"datasets": {"wiki500k": {"seeds": [0, 1]}}})
     assert config.dataset_settings(w, "wiki500k-seed1")["evaluate"]["propensity"] == {"A": 0.5, "B": 0.4}
+
+
+def _from_command_line(over: dict) -> tuple[dict, dict]:
+    """The shipped config with ``over`` merged as Snakemake merges ``--config`` (scalars strings, as its
+    YAML BaseLoader leaves a nested value), and that override."""
+    def strings(v):
+        return {k: strings(x) for k, x in v.items()} if isinstance(v, dict) else [strings(x) for x in v] \
+            if isinstance(v, list) else "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    c = yaml.safe_load((ROOT / "config.yaml").read_text())
+    over = strings(over)
+    return config.deep_merge(c, over), over
+
+
+def test_nested_command_line_values_take_the_schemas_types():
+    """Issue 54.4: `--config 'datasets={"toy": {"xr_linear": {"beam": 10}}}'` gives the string '10'; it is
+    converted to the integer the schema declares, as are numbers, booleans, nulls and list items."""
+    c, over = _from_command_line({"datasets": {"toy": {
+        "xr_linear": {"beam": 10, "solver": {"C": 0.5}}, "tfidf": {"ngram_range": [1, 3]},
+        "elias": {"allow_weak": True}, "threads": 2}}, "defaults": {"tfidf": {"max_features": None}}})
+    assert c["datasets"]["toy"]["xr_linear"]["beam"] == "10"
+    config.coerce_overrides(c, over)
+    toy = c["datasets"]["toy"]
+    assert toy["xr_linear"]["beam"] == 10 and type(toy["xr_linear"]["beam"]) is int
+    assert toy["xr_linear"]["solver"]["C"] == 0.5 and toy["tfidf"]["ngram_range"] == [1, 3]
+    assert toy["elias"]["allow_weak"] is True and toy["threads"] == 2
+    assert c["defaults"]["tfidf"]["max_features"] is None
+    config.validate(c)
+
+
+def test_a_command_line_value_that_cannot_be_converted_is_named():
+    c, over = _from_command_line({"datasets": {"toy": {"xr_linear": {"beam": "ten"}}}})
+    config.coerce_overrides(c, over)
+    with pytest.raises(config.ConfigError, match=r"datasets.toy.xr_linear.beam': 'ten' is not of type 'integer'"):
+        config.validate(c)
+
+
+def test_only_the_command_lines_values_are_converted():
+    """A string in a config file stays a string where the file wrote one (validation names it)."""
+    c = yaml.safe_load((ROOT / "config.yaml").read_text())
+    c["defaults"]["xr_linear"]["beam"] = "10"
+    config.coerce_overrides(c, {"defaults": {"tfidf": {}}})
+    assert c["defaults"]["xr_linear"]["beam"] == "10"

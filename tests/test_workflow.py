@@ -484,3 +484,17 @@ def test_elias_guard_stops_a_stage_that_learned_nothing(neural_toy_run, tmp_path
     assert "training already complete" in log and "continuing: elias.allow_weak is true" in log
     guard = json.loads((s1 / "guard.json").read_text())
     assert guard["passed"] is False and guard["allow_weak"] is True and (s1 / "curve.png").stat().st_size > 0
+
+
+def test_nested_command_line_overrides_take_the_schemas_types(tmp_path):
+    """Issue 54.4: the README's `--config 'datasets={...}'` with a number: Snakemake hands '10' on as a string;
+    the plan converts it by the schema and the stage receives the integer (a word that is no integer stops
+    the plan naming the key, in one line)."""
+    _toy(tmp_path)
+    over = 'datasets={"toy": {"xr_linear": {"beam": 7}, "cluster": {"leaf_size": 2, "branching": 2}}}'
+    r = _run(tmp_path, "results/toy/xr-linear.json", extra=("-n", "-p", "--config", over))
+    assert '"beam": 7' in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    bad = 'datasets={"toy": {"xr_linear": {"beam": "seven"}}}'
+    r = _run(tmp_path, "results/toy/xr-linear.json", extra=("-n", "--config", bad), check=False)
+    assert r.returncode != 0 and "datasets.toy.xr_linear.beam': 'seven' is not of type 'integer'" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -96,6 +96,95 @@ def _ref_properties(schema: Mapping[str, Any], ref: str) -> dict[str, Any]:
     return node.get("properties", {})
 
 
+def _resolve(schema: Mapping[str, Any], node: Any) -> list[Mapping[str, Any]]:
+    """``node`` and every schema it stands for through ``$ref`` (local), ``allOf``, ``anyOf`` and ``oneOf``."""
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if not isinstance(n, Mapping):
+            continue
+        out.append(n)
+        if "$ref" in n:
+            ref: Any = schema
+            for part in n["$ref"].lstrip("#/").split("/"):
+                ref = ref[part]
+            todo.append(ref)
+        for k in ("allOf", "anyOf", "oneOf"):
+            todo.extend(n.get(k) or [])
+    return out
+
+
+def _children(schema: Mapping[str, Any], nodes: list[Mapping[str, Any]], key: str) -> list[Any]:
+    """The schemas an object's value at ``key`` must meet (properties, patternProperties, additionalProperties)."""
+    out = []
+    for n in nodes:
+        if key in (n.get("properties") or {}):
+            out.append(n["properties"][key])
+            continue
+        matched = [s for p, s in (n.get("patternProperties") or {}).items() if re.search(p, key)]
+        out += matched
+        if not matched and isinstance(n.get("additionalProperties"), Mapping):
+            out.append(n["additionalProperties"])
+    return out
+
+
+_NULLS = {"null", "~", "none", ""}
+
+
+def _as_type(value: str, nodes: list[Mapping[str, Any]]) -> Any:
+    """A command-line string as the JSON type the schemas ``nodes`` declare (unchanged if a string is allowed,
+    or if it converts to none of them: validation then names it)."""
+    types, enums = set(), []
+    for n in nodes:
+        t = n.get("type")
+        types |= set(t if isinstance(t, list) else [t] if t else [])
+        for v in [*(n.get("enum") or []), *([n["const"]] if "const" in n else [])]:
+            enums.append(v)
+            types.add("string" if isinstance(v, str) else "null" if v is None else
+                      "boolean" if isinstance(v, bool) else "number")
+    if "string" in types or not types:
+        return value
+    s = value.strip()
+    candidates = []
+    if "null" in types and s.lower() in _NULLS:
+        candidates.append(None)
+    if "boolean" in types and s.lower() in ("true", "false", "yes", "no", "on", "off"):
+        candidates.append(s.lower() in ("true", "yes", "on"))
+    if types & {"integer", "number"} and re.fullmatch(r"[+-]?\d+", s):
+        candidates.append(int(s))
+    if "number" in types:
+        try:
+            candidates.append(float(s))
+        except ValueError:
+            pass
+    for c in candidates:
+        if not enums or any(c == e and type(c) is type(e) for e in enums):
+            return c
+    return value
+
+
+def coerce_overrides(config: dict[str, Any], overrides: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) -> None:
+    """Give the values of ``config`` that ``overrides`` (Snakemake's ``--config``) set the types the schema
+    declares there, in place.  Snakemake reads a nested ``--config 'datasets={"x": {"beam": 10}}'`` with
+    YAML's BaseLoader, which leaves every scalar a string ('10'); a top-level ``key=10`` it converts itself.
+    A string that fits none of the declared types is left for :func:`validate` to name."""
+    schema = json.loads(Path(schema_path).read_text())
+
+    def walk(value: Any, mask: Any, nodes: list[Mapping[str, Any]]) -> Any:
+        if isinstance(value, str):
+            return _as_type(value, nodes)
+        if isinstance(value, dict) and isinstance(mask, Mapping):
+            for k in list(value):
+                if k in mask:
+                    value[k] = walk(value[k], mask[k], [r for c in _children(schema, nodes, k) for r in _resolve(schema, c)])
+        elif isinstance(value, list):
+            items = [r for n in nodes if isinstance(n.get("items"), Mapping) for r in _resolve(schema, n["items"])]
+            return [walk(v, v, items) for v in value]
+        return value
+
+    walk(config, overrides, _resolve(schema, schema))
+
+
 def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path: Path = SCHEMA_PATH) -> None:
     """Validate ``config``; raise :class:`ConfigError` naming every bad key."""
     import jsonschema

@@ -26,6 +26,8 @@ if workflow.is_main_process:
         sys.stderr.write(f"xmc: {_note}\n")
 
 try:
+    # nested --config values arrive as strings: the schema's types first, then validation
+    xcfg.coerce_overrides(config, workflow.config_settings.config)
     xcfg.validate(config, source="config.yaml (with --config overrides)")
 except xcfg.ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
