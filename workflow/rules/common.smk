@@ -18,6 +18,7 @@ from xmc_steps import layout as lay  # noqa: E402
 from xmc_steps import params as xparams  # noqa: E402
 from xmc_steps import proc as xproc  # noqa: E402
 from xmc_steps import registry as xreg  # noqa: E402
+from xmc_steps import stale as xstale  # noqa: E402
 
 # before Snakemake takes its locks: register this invocation and remove the locks a killed one left
 # when no other invocation is running here (xmc_steps/proc.py, "Snakemake's locks"); job processes skip it
@@ -40,6 +41,11 @@ STAGE_ARGS = ("--params {params.settings:q} --record {output.record:q} --log {lo
               "--rule {rule} --config-hash {params.hash}")
 DATA = config["data_dir"]
 RES = config["results_dir"]
+# before Snakemake plans: the artifacts made from one that is missing go, so the plan rebuilds the chain
+# (xmc_steps/stale.py; a dry run only lists them)
+if workflow.is_main_process:
+    for _note in xstale.remove_stale(".snakemake", RES, act=xstale.runs_jobs(sys.argv)):
+        sys.stderr.write(f"xmc: {_note}\n")
 # the methods (xmc_steps.registry, one line each): their names and the `method` wildcard, a name with
 # `-<variant>` where the method has variants
 METHODS = list(xreg.METHODS)
