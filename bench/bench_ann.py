@@ -38,8 +38,8 @@ nearest labels are then its own centre's and its topic's, with a score gradient 
 100, as in a text embedding where a document's near labels share its subject.
 ``--topics 0`` drops the topic level (centres drawn uniformly on the sphere): past its own
 centre's ~25 labels a query's neighbours are then noise (score ~0.16 at rank 100 at L=100000, ~0.35 with topics),
-the hardest case for graph search and not one that recall@100 says much about; the module
-docstring of :mod:`xmc_steps.ann` shows both.  Timings on a machine shared with other jobs are
+the hardest case for graph search and not one that recall@100 says much about; docs/ann.md
+(the measurements behind :mod:`xmc_steps.ann`'s defaults) shows both.  Timings on a machine shared with other jobs are
 upper bounds.
 """
 

@@ -14,7 +14,7 @@
 #   - ELIAS's own 3-model ensemble on yso (elias-ensemble: seeds 0, 1, 2 of the clustering), issue 33's lever
 #     for its R@100 target (about 7 hours of the 2 CPU cores, more than a session keeps its machine).
 # The validation numbers are in each stage's guard.json (valid shortlist recall at the guard's width,
-# beside stage 1's and the baselines'); the tables go to xmc_steps/elias's docstring.
+# beside stage 1's and the baselines'); the tables go to docs/methods/elias.md.
 #
 # Prepare here: ../shared/tools/gpu-pack --data debtags,yso-finna-sv-50k
 # Then, on the machine (with .gpu carried):

@@ -213,7 +213,7 @@ def test_cli_train_predict_learns_the_toy_topics(tiny, tmp_path, flat_max_labels
 def test_training_is_repeatable_for_a_seed(tiny, tmp_path):
     """Two runs with one seed and one thread count write the same model bytes (the random parts of the
     network are drawn from train.seed); another seed gives another model.  (Across thread counts
-    torch's CPU kernels sum in another order: README, "Determinism".)"""
+    torch's CPU kernels sum in another order: docs/running.md, "Determinism".)"""
     d = _write_toy(tmp_path)
     digests = []
     for run, seed in (("a", 0), ("b", 0), ("c", 1)):

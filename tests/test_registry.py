@@ -1,9 +1,11 @@
 """The method registry: one line per method, and a new method added the documented way runs.
 
-docs/architecture.md says adding a method is its package, its rule file, its config section and
-one registry line.  The slow test holds the project to that: it copies the project, lays the toy
-method of ``tests/toy_method`` over it (package, stage, rule file), adds its config section and its
-line in ``xmc_steps/registry.py``, and runs it through the DAG, evaluate and predict.
+docs/architecture.md ("Adding a method") lists what a method touches: its package, its stage, its rule
+file, its config section (config.yaml, the schema, config.paper.yaml) and one registry line.  The slow
+test holds the project to the wiring: it copies the project, lays the toy method of ``tests/toy_method``
+over it (package, stage, rule file), adds its config section, its schema section and its line in
+``xmc_steps/registry.py``, and runs it through the DAG, evaluate and predict (the toy declares no
+resources and has no paper, so the schema's resources enum and config.paper.yaml stay as they are).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_linear_targets_end_to_end(toy_linear_run):
 #: thread counts (the ingest report, the settings snapshots), the tracking store
 _NOT_RESULTS = re.compile(r"record\.json$|/records/|/config/|ingest\.json$|mlflow|mlartifacts|\.png$|/toy/[^/]+\.json$")
 #: omikuji (parabel) draws its 2-means starts from an unseeded thread-local RNG and has no seed
-#: parameter: its trees differ from run to run (README, "Determinism")
+#: parameter: its trees differ from run to run (docs/running.md, "Determinism")
 _NONDETERMINISTIC = re.compile(r"/parabel/")
 
 

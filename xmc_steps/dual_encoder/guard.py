@@ -1,5 +1,5 @@
 """The dual encoder's guard: a model that retrieves no better than a trivial index fails its stage
-(package docstring, "The guard").
+(docs/methods/dual-encoder.md, "The guard").
 
 After training, the model's valid recall at ``w`` labels (``w`` = :func:`xmc_steps.elias.guard.guard_width`
 of ``topk``: ``topk``, at most half the labels) is compared, as ELIAS's stages are

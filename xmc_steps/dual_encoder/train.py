@@ -1,6 +1,6 @@
 """The dual encoder's training driver on the shared :class:`~xmc_steps.trainer.Trainer`: NGAME's batches,
 the label pool (the batch texts' positives plus the mined hard negatives), the label embeddings
-re-encoded every ``label_refresh_every`` epochs for the mining, and the validation curve (package docstring)."""
+re-encoded every ``label_refresh_every`` epochs for the mining, and the validation curve (docs/methods/dual-encoder.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ELIAS guard: a stage that learned nothing fails loudly (see the package docstring, "The guard").
+"""The ELIAS guard: a stage that learned nothing fails loudly (see docs/methods/elias.md, "The guard").
 
 After each stage the valid shortlist recall at ``w`` labels (:func:`guard_width`) is compared with
 two trivial indexes that propose as many labels per document: the most frequent training labels

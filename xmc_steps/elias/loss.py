@@ -1,4 +1,4 @@
-"""The ELIAS loss (§3.3, Eqs. 7-8; see the package docstring, "Loss")."""
+"""The ELIAS loss (§3.3, Eqs. 7-8; see docs/methods/elias.md, "Loss")."""
 
 from __future__ import annotations
 

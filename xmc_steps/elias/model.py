@@ -1,5 +1,5 @@
 """The ELIAS network (§3.1-3.2), its index initialisation (Eqs. 9-10), inference, and saving and
-loading (see the package docstring)."""
+loading (see docs/methods/elias.md)."""
 
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ def partition_start(index: np.ndarray, stage1_index: np.ndarray, mass: float | N
     labels hold the share ``mass`` of the row's softmax (their edges near ``mass``, the others near
     ``(1 - mass) beta / (kappa - m)``).  Eq. 10's own rows can leave a label in no row at all (the
     frequent labels fill every row's top-``kappa``), and such a label is never predicted; here none
-    is.  The measurements behind the default are the package docstring's "Choosing the defaults"."""
+    is.  The measurements behind the default are docs/methods/elias.md's "Choosing the defaults"."""
     index = np.asarray(index, dtype=np.int64)
     own = np.asarray(stage1_index, dtype=np.int64)
     C, kappa = index.shape

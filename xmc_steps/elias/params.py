@@ -1,5 +1,5 @@
-"""ELIAS parameters: one :class:`EliasParams` for both training stages and prediction (see the
-package docstring, "Staged training" and "Sizes from the data", for what each value means and
+"""ELIAS parameters: one :class:`EliasParams` for both training stages and prediction (see
+docs/methods/elias.md, "Staged training" and "Sizes from the data", for what each value means and
 where it comes from)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def default_b(n_labels: int, n_clusters: int, K: int, coverage: float) -> int:
     return max(1, min(C, math.ceil(float(coverage) * int(K) * C / max(L, 1) - 1e-9)))
 
 
-#: the stages' defaults, config.yaml's (chosen on validation: the package docstring); the paper's (the
+#: the stages' defaults, config.yaml's (chosen on validation: docs/methods/elias.md); the paper's (the
 #: authors' Amazon-670K code: 15 and 30 epochs, stage 1 lr_clf 1e-2) are config.paper.yaml's
 STAGE_DEFAULTS = {
     1: {"epochs": 2.0, "lr_encoder": 1e-4, "lr_clf": 1e-3, "lr_A": 0.0, "lambda_": 0.0},
@@ -104,7 +104,7 @@ class EliasParams(Params):
     threads: int | None = None
     topk: int = bounded(100, ge=1)  # prediction: labels written per document
     yhat_power: float = bounded(0.75, ge=0)  # prediction: p = sigmoid(w_l^T phi) yhat^power ranks the shortlist
-                                    # (1: §3.2, the paper; 0.75 ours, chosen on validation: the package docstring)
+                                    # (1: §3.2, the paper; 0.75 ours, chosen on validation: docs/methods/elias.md)
     shortlist_topk: int | None = bounded(None, ge=1)  # prediction: shortlist entries written (None: topk)
 
     def __post_init__(self) -> None:

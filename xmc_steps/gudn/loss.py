@@ -24,7 +24,7 @@ def feature_guide(e_text: torch.Tensor, e_label: torch.Tensor, reduction: str) -
     mean of all ``2n`` features), ``sum_i ||E_t,i - E_l,i||^2 / sum_i (||E_t,i - c||^2 + ||E_l,i - c||^2)``:
     0 when every text sits on its label sequence, about 1 when texts and label sequences are
     unrelated, at most 2, and unchanged when every feature is shifted or scaled alike, so the guide
-    cannot be met by drawing all features together (why: the package docstring)."""
+    cannot be met by drawing all features together (why: docs/methods/gudn.md)."""
     t, lab = e_text.float(), e_label.float()
     d = t - lab
     if reduction == "paper":
@@ -44,7 +44,7 @@ def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text
     through it).  For Eq. 2's losses the pull on the label features has the same norm, so one weight
     bounds both.  Why: the classification loss is a mean over the L outputs (Eq. 1), so its gradient
     shrinks about as 1/L while the guide's does not; at 18,056 labels the guide alone decides where the
-    encoder goes (measurements: the package docstring)."""
+    encoder goes (measurements: docs/methods/gudn.md)."""
     if not (e_text.requires_grad and class_loss.requires_grad and feature_loss.requires_grad):
         return torch.ones((), device=e_text.device)
     g_class, = torch.autograd.grad(class_loss, e_text, retain_graph=True, allow_unused=True)

@@ -25,7 +25,7 @@ class GUDNParams(Params):
     feature_loss: FeatureLoss = "mean"  # mean: the mean over every coordinate (the authors' MSELoss) |
                                       # paper: Eq. 2 as written (squared distance / 2, mean over texts) |
                                       # relative: Eq. 2's squared distances over the batch's spread (ours);
-                                      # see the package docstring for what each does
+                                      # see docs/methods/gudn.md for what each does
     feature_weight: FeatureWeight = "gated"  # fixed: Eq. 6 as written (weight 1, config.paper.yaml) |
                                       # gated (ours, config.yaml): 1 or 0, decided on the start's model
                                       # (xmc_steps.gudn.loss.gate_ratio) | balanced (ours): at each step at most

@@ -1,5 +1,5 @@
 """The LightXML network (text representation, generator, discriminator), its dynamic candidates,
-the losses of Eqs. 1, 5 and 6, inference, and saving and loading (see the package docstring)."""
+the losses of Eqs. 1, 5 and 6, inference, and saving and loading (see docs/methods/lightxml.md)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class LightXMLModel(nn.Module):
         """Eq. 2: the labels of the top-``topb`` clusters by ``G(e)`` (from ``g``, the generator's
         logits, re-read at every call: the negatives are dynamic), or of the given clusters ``top``
         (``B x b``: the static negatives drawn once); in training (positives given) the positives are
-        added (see the package docstring for ``train_candidates``); ``max_pos``, the most positives
+        added (see docs/methods/lightxml.md for ``train_candidates``); ``max_pos``, the most positives
         of a text in the batch, if the caller knows it (the batch's builder does), spares reading it
         from the device (a host-device sync per step)."""
         B, dev, L = g.shape[0], g.device, self.n_labels

@@ -14,7 +14,7 @@ from ..trainer import TrainParams
 #: keeps the two equal; the paper's: AdamW at a constant 1e-4, no warm-up, its epochs per dataset in config.paper.yaml)
 TRAIN_DEFAULTS = {"epochs": 2.0, "batch_size": 16, "lr": 1e-4, "schedule": "constant", "warmup_steps": 0,
                   "weight_decay": 0.01, "checkpoint_every": 500}
-#: how the training candidates are completed with the positives (see the package docstring)
+#: how the training candidates are completed with the positives (see docs/methods/lightxml.md)
 TrainCandidates = Literal["positives", "positive-clusters"]
 #: Eq. 4's bottleneck: sigmoid (the paper's equation) | linear (the authors' code)
 Bottleneck = Literal["sigmoid", "linear"]
@@ -37,7 +37,7 @@ class LightXMLParams(Params):
     topb: int = bounded(10, ge=1)     # clusters the generator keeps per text (training and prediction)
     train_candidates: TrainCandidates = "positives"  # positives (the paper) | positive-clusters (the authors' code)
     bottleneck: Bottleneck = "sigmoid"  # sigmoid (Eq. 4) | linear (the authors' code)
-    negatives: Sampling = "dynamic"   # dynamic (the method) | static (Table 5's ablation, see the package docstring):
+    negatives: Sampling = "dynamic"   # dynamic (the method) | static (Table 5's ablation, see docs/methods/lightxml.md):
                                       # the rules' {sampling}, not a key of the configuration's section
     static_switch: float = bounded(0.5, gt=0, lt=1)  # static: the fraction of the steps the generator trains
                                       # alone before the draw
@@ -46,7 +46,7 @@ class LightXMLParams(Params):
     head_init_scale: float = bounded(4.0, gt=0)  # ... of the targets +-scale (the start's logits)
     discriminator_init: HeadInit = "linear"  # random (the paper) | linear: clustered, the label embeddings start as
                                       # the least-squares fit of every label on the random bottleneck's features
-                                      # (head_init_l2, head_init_scale as above; see the package docstring)
+                                      # (head_init_l2, head_init_scale as above; see docs/methods/lightxml.md)
     lr_generator: float | None = bounded(1e-5, gt=0)  # the generator's rate; None: train.lr, the paper's one rate
                                       # (the discriminator always trains at train.lr)
     head_refit: bool = True           # after training: re-fit the generator (clustered: then the label embeddings) by

@@ -2,7 +2,7 @@
 
 The stage: trains the matcher (:mod:`xmc_steps.xtransformer.matcher`), re-fits its head, runs the
 guard (:mod:`xmc_steps.xtransformer.guard`) and writes the embeddings and the top-b clusters of every
-split.  What the model is and why each setting: the package's docstring (:mod:`xmc_steps.xtransformer`).
+split.  What the model is and why each setting: docs/methods/xtransformer.md.
 
 CLI::
 

@@ -2,7 +2,7 @@
 
 The stage: trains the rankers on the matcher's outputs (:mod:`xmc_steps.xtransformer.ranker`), scores
 the test documents by Eq. 2, or writes the validation table the defaults are chosen from (``select``).
-What the rankers are and why each default: the package's docstring (:mod:`xmc_steps.xtransformer`).
+What the rankers are and why each default: docs/methods/xtransformer.md.
 
 CLI::
 

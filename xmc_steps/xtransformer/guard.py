@@ -1,7 +1,7 @@
 """The matcher's guard: the cluster metrics (P@1, recall@b), the trivial matchers it is compared
 with (the most frequent clusters, the linear tree's beam), :class:`GuardReport` and its two tests
 (:func:`check_matcher`, the matcher stage's; :func:`alone_failure` / :func:`check_guard`, the rankers'
-with ``candidates: matcher``).  Why and how: the package's docstring (:mod:`xmc_steps.xtransformer`)."""
+with ``candidates: matcher``).  Why and how: docs/methods/xtransformer.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """X-Transformer's neural matcher (§3.3): :class:`MatcherModel` (encoder + bias-free head over ``K``
 clusters), Eq. 3's loss, the least-squares heads (start and re-fit), training (:func:`train_matcher`),
 the cluster scores (``head`` and ``head+linear``), :func:`finish_matcher` (re-fit, scorers, guard)
-and :func:`load_matcher`.  The readings and the measurements: the package's docstring
-(:mod:`xmc_steps.xtransformer`); the stage: :mod:`xmc_steps.stages.matcher`."""
+and :func:`load_matcher`.  The readings and the measurements: docs/methods/xtransformer.md;
+the stage: :mod:`xmc_steps.stages.matcher`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The matcher's parameters (:class:`MatcherParams`, the ``xtransformer.matcher`` section) and its
-training recipe (:data:`TRAIN_DEFAULTS`).  What they mean: the package's docstring
-(:mod:`xmc_steps.xtransformer`).  The rankers' (:class:`~xmc_steps.xtransformer.ranker.XTransformerRankerParams`)
+training recipe (:data:`TRAIN_DEFAULTS`).  What they mean: docs/methods/xtransformer.md.
+The rankers' (:class:`~xmc_steps.xtransformer.ranker.XTransformerRankerParams`)
 live with the rankers, which never load torch (this module does, for the encoder's poolings and
 :class:`~xmc_steps.trainer.TrainParams`)."""
 

@@ -4,7 +4,7 @@
 :func:`xmc_steps.ranker.train_rankers`), Eq. 2 over the candidates (:func:`predict`), the matcher's
 head (:func:`load_head`) and the model folder (:func:`save`, :func:`load`).  No torch here: the
 rankers' stage reads the matcher's head from its safetensors file.  The readings and the
-validation tables behind the defaults: the package's docstring (:mod:`xmc_steps.xtransformer`); the
+validation tables behind the defaults: docs/methods/xtransformer.md; the
 stage (``train``, ``predict``, ``select``): :mod:`xmc_steps.stages.xtransformer`."""
 
 from __future__ import annotations
