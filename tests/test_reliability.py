@@ -125,6 +125,56 @@ def test_a_stage_ends_when_the_process_that_started_it_is_killed(tmp_path, throu
             os.kill(stage_pid, signal.SIGKILL)
 
 
+MARKING_STARTER = """
+import subprocess, sys, time
+sys.path.insert(0, {root!r})
+from xmc_steps import proc
+proc.mark_workflow()
+print(subprocess.Popen(sys.argv[1:]).pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_stage_whose_snakemake_died_while_it_started_does_no_work(tmp_path):
+    """Issue 54.2: Snakemake (a stand-in that marks itself as common.smk does) is killed before its stage's
+    interpreter runs: by then the stage's shell is re-parented and the ancestor watch sees nothing to watch.
+    The stage stops before any work (no pidfile, the reason in its stderr), deterministically: the shell
+    waits for a file the test writes only once the starter is gone."""
+    sleeper, starter, pidfile, go = tmp_path / "sleeper.py", tmp_path / "starter.py", tmp_path / "stage.pid", tmp_path / "go"
+    sleeper.write_text(SLEEPER.format(root=str(ROOT)))
+    starter.write_text(MARKING_STARTER.format(root=str(ROOT)))
+    err = tmp_path / "stage.err"
+    line = (f"while [ ! -e {go} ]; do sleep 0.05; done; {sys.executable} {sleeper} --pidfile {pidfile} --no-tracking "
+            f"2> {err}; echo $? > {tmp_path / 'rc'}")
+    env = dict(os.environ, XMC_TRACKING="0")
+    s = subprocess.Popen([sys.executable, str(starter), "bash", "-c", line], env=env, stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        shell = int(s.stdout.readline())
+        s.send_signal(signal.SIGKILL)
+        s.wait(60)
+        go.write_text("")
+        assert _wait_for(lambda: (tmp_path / "rc").exists(), 600), "the stage did not end"
+        assert not pidfile.exists(), "the stage did its work after the Snakemake that started it was gone"
+        assert "has ended; stopping before any work" in err.read_text()
+        assert (tmp_path / "rc").read_text().strip() == str(128 + signal.SIGTERM)
+    finally:
+        if s.poll() is None:
+            s.kill()
+        if proc.pid_alive(shell):
+            os.kill(shell, signal.SIGKILL)
+
+
+def test_a_live_snakemake_lets_its_stages_run_and_another_hosts_is_not_judged(monkeypatch):
+    monkeypatch.setenv(proc.WORKFLOW_ENV, "")            # mark_workflow sets it: restored afterwards
+    assert proc.workflow_gone(proc.mark_workflow()) is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert "has ended" in proc.workflow_gone(f"{proc.owner_tag(dead.pid)} 0")
+    assert proc.workflow_gone(f"p{dead.pid}-00000000 0") is None       # another host's pid
+    assert proc.workflow_gone("") is None and proc.workflow_gone("garbage") is None
+
+
 def _chain_under(shell_argv: list[str], stdin: str | None = None) -> list[int]:
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xmc_steps import proc; print([p for p, _ in proc.starter_chain()])"
     line = f'"{sys.executable}" -c "{code}" 2>&1; true'
@@ -181,6 +231,25 @@ def test_a_rerun_removes_the_temporaries_a_killed_run_left_and_no_live_ones(tmp_
             pass
         assert live.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted([foreign.name, unrelated.name, "table.parquet"])
+
+
+def test_the_tfidf_spill_folder_is_a_temporary_that_the_rerun_removes(tmp_path):
+    """Issue 54: a killed TF-IDF fit left an empty mode-0700 ``tfidf-spill-*`` folder that nothing removed.
+    The spill folder is now named as the atomic writers' temporaries beside ``<out>/tfidf-spill``, which
+    the tfidf stage declares, so its rerun removes a dead writer's; a finished fit leaves nothing."""
+    from xmc_steps import tfidf
+
+    out = tmp_path / "tfidf"
+    tfidf.fit_streaming([["alpha beta gamma", "alpha beta", "beta gamma"]], {"min_df": 1}, spill_dir=out)
+    assert list(out.iterdir()) == []
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = out / f".{tfidf.SPILL}.{proc.owner_tag(dead.pid)}.k3j9x2q_.tmp"
+    left.mkdir(mode=0o700)
+    args = argparse.Namespace(log=None, record=None, params="{}", no_tracking=True)
+    with stage_run("tfidf", args, outputs=[str(out / "X_train.npz"), str(out / tfidf.SPILL)]):
+        pass
+    assert not left.exists()
 
 
 def test_temporary_names_carry_their_writer(tmp_path):

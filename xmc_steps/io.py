@@ -141,6 +141,19 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
 
 
 @contextlib.contextmanager
+def scratch_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty private folder named as :func:`atomic_dir`'s temporaries beside ``path`` (so
+    :func:`remove_stale_temporaries` of ``path`` removes one a killed writer left); removed on exit."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``path``; on success it takes ``path``'s place.
 

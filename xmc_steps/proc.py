@@ -24,7 +24,12 @@
   on it).  Ancestors above the starter (the user's shell, tmux, sshd) are not watched: Snakemake
   may legitimately outlive them (``nohup snakemake``).  A stage typed by hand in a terminal (its
   starter is an interactive shell) is left to the terminal's own rules (SIGHUP, ``nohup``): nothing
-  is armed then.  ``XMC_ORPHAN_GUARD=0`` turns both off.
+  is armed then.  Both see only the ancestors alive when the stage starts: a Snakemake killed while the
+  stage's interpreter was still starting (imports take seconds on a busy machine) has already left it
+  re-parented to pid 1.  So (3) every Snakemake process reading the Snakefile names itself in
+  ``XMC_WORKFLOW`` (:func:`mark_workflow`: pid, host, start time), which its stages inherit; a stage whose
+  named Snakemake is gone stops before any work, and the watchdog checks it too (:func:`workflow_gone`; a
+  process of another host, a cluster job, is not checked).  ``XMC_ORPHAN_GUARD=0`` turns all three off.
 
 * **Snakemake's locks.**  Snakemake records the files an invocation works on in ``.snakemake/locks``
   and removes them when it ends; a ``kill -9`` (or an out-of-memory kill, a power loss) leaves them,
@@ -64,7 +69,8 @@ from typing import Iterator
 
 __all__ = ["HOST", "owner_tag", "parse_owner_tag", "pid_alive", "pid_gone", "starter_chain", "chain_broken",
            "guard_against_orphaning", "guard_log", "stdout_to_stderr", "SHELLS", "COMMAND_WRAPPERS",
-           "process_started", "claim_snakemake_folder", "snakemake_instances"]
+           "process_started", "claim_snakemake_folder", "snakemake_instances", "WORKFLOW_ENV", "mark_workflow",
+           "workflow_gone"]
 
 HOST = socket.gethostname()
 _HOST_HASH = f"{zlib.crc32(HOST.encode('utf-8', 'replace')):08x}"
@@ -127,6 +133,41 @@ def process_started(pid: int) -> float | None:
 
 
 # --------------------------------------------------------------------------- orphans
+
+
+#: the environment variable naming the Snakemake process that starts the stages (:func:`mark_workflow`)
+WORKFLOW_ENV = "XMC_WORKFLOW"
+
+
+def mark_workflow(pid: int | None = None) -> str:
+    """Name process ``pid`` (default: this one, a Snakemake reading the Snakefile) in :data:`WORKFLOW_ENV` as
+    ``<owner tag> <start time>``: the stages it starts inherit it and stop when that process is gone, even when
+    it died before they could see their parent (:func:`workflow_gone`).  Returns the value."""
+    pid = os.getpid() if pid is None else int(pid)
+    value = f"{owner_tag(pid)} {process_started(pid) or 0:.3f}"
+    os.environ[WORKFLOW_ENV] = value
+    return value
+
+
+def workflow_gone(value: str | None = None) -> str | None:
+    """Why the Snakemake process named in :data:`WORKFLOW_ENV` (or ``value``) has ended, or None: it runs, the
+    variable is unset or unreadable, or it names a process of another host (a cluster job: not visible here)."""
+    value = os.environ.get(WORKFLOW_ENV, "") if value is None else value
+    tag, _, started = value.partition(" ")
+    owner = parse_owner_tag(tag)
+    if owner is None or not owner[1]:
+        return None
+    pid = owner[0]
+    if not pid_alive(pid):
+        return f"the Snakemake process {pid} that started it has ended"
+    now = process_started(pid)
+    try:
+        then = float(started)
+    except ValueError:
+        return None
+    if then and now is not None and now > then + 1.0:
+        return f"the Snakemake process {pid} that started it has ended (the pid now runs a later process)"
+    return None
 
 
 def _set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
@@ -211,7 +252,7 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         me = os.getpid()
         while not self.stopped.wait(self.interval):
-            why = chain_broken(me, self.chain)
+            why = (chain_broken(me, self.chain) if self.chain else None) or workflow_gone()
             if why:
                 msg = f"the process that started this stage died ({why}); stopping (SIGTERM)"
                 if self.log is not None:
@@ -232,12 +273,17 @@ def guard_against_orphaning(log: logging.Logger | None = None) -> bool:
         return False
     if _GUARD and _GUARD[0].is_alive():
         return True
-    chain = starter_chain()
-    if not chain:
-        return False
-    _set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != chain[0][0]:       # the parent died before prctl took effect
+    gone = workflow_gone()
+    if gone:                              # Snakemake died while this process was starting: do no work at all
+        print(f"error: {gone}; stopping before any work (SIGTERM)", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
+    chain = starter_chain()
+    if not chain and not os.environ.get(WORKFLOW_ENV):
+        return False
+    if chain:
+        _set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != chain[0][0]:       # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
     try:
         interval = max(0.05, float(os.environ.get("XMC_ORPHAN_POLL_S", "1")))
     except ValueError:

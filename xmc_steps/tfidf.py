@@ -46,6 +46,9 @@ from . import io
 
 SPLITS = ("train", "valid", "test")
 CHUNK_BYTES = 16 << 20        # text per counting / transform chunk
+#: the name the spill folder's temporaries are made beside (the stage declares ``<out>/tfidf-spill``, so a
+#: rerun removes what a killed fit left)
+SPILL = "tfidf-spill"
 PARTITION_BYTES = 64 << 20    # text per spill partition: bounds one partition's distinct n-grams
 
 
@@ -229,9 +232,12 @@ def smoothed_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
 
 def fit_streaming(batches: Iterable[list[str]], params: dict[str, Any], n_partitions: int = 1,
                   spill_dir: str | Path | None = None, log=None) -> TfidfModel:
-    """Fit the vocabulary and idf over ``batches`` of texts (see the module docstring)."""
+    """Fit the vocabulary and idf over ``batches`` of texts (see the module docstring).  The counts spill
+    under ``spill_dir`` (a folder ``.tfidf-spill.<writer>.*.tmp``, :func:`io.scratch_dir`; the system's
+    temporary folder without one)."""
     n_partitions = max(1, int(n_partitions))
-    with tempfile.TemporaryDirectory(prefix="tfidf-spill-", dir=spill_dir) as tmp:
+    scratch = io.scratch_dir(Path(spill_dir) / SPILL) if spill_dir is not None else tempfile.TemporaryDirectory()
+    with scratch as tmp:
         spill = _Spill(n_partitions, Path(tmp))
         analyze = make_vectorizer(params).build_analyzer()
         n_docs = 0

@@ -25,6 +25,8 @@ from xmc_steps import stale as xstale  # noqa: E402
 if workflow.is_main_process:
     for _note in xproc.claim_snakemake_folder(".snakemake"):
         sys.stderr.write(f"xmc: {_note}\n")
+# the stages this process starts stop when it is gone, even if it dies while they start (xmc_steps/proc.py)
+xproc.mark_workflow()
 
 try:
     # nested --config values arrive as strings: the schema's types first, then validation

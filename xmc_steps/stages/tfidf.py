@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     src, out = Path(args.ingest), Path(args.out)
     names = [f"X_{s}.npz" for s in tfidf.SPLITS] + ["vocab.parquet"]
-    with stage_run("tfidf", args, outputs=[str(out / n) for n in names]) as st:
+    # the spill folder's name too: the stage removes the one a killed run left (io.remove_stale_temporaries)
+    with stage_run("tfidf", args, outputs=[str(out / n) for n in names] + [str(out / tfidf.SPILL)]) as st:
         if (src / "X_bow_train.npz").exists():
             st.log.info("BoW dataset: L2-normalising the given features")
             mats = {s: normalize(io.load_csr(src / f"X_bow_{s}.npz").astype(np.float32)) for s in tfidf.SPLITS}
