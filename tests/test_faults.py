@@ -142,25 +142,33 @@ def test_a_stage_killed_while_it_reruns_is_rebuilt_with_what_was_made_from_it(to
     Snakemake removes the killed job's outputs and keeps what was made from them; the plain rerun must not say
     "Nothing to be done" but rebuild the whole chain: every artifact of the reference, byte for byte.  A few
     trials (``XMC_FAULT_TRIALS``, 2) from ``XMC_FAULT_SEED``."""
+    import psutil
+
     rng = random.Random(_seed() + 2000)
     _toy(tmp_path)
     _run(tmp_path, *TARGETS)
     for trial in range(_trials()):
         rule, delay = rng.choice(RULES), rng.choice([0.0, rng.uniform(0.0, 0.5), rng.uniform(0.0, 3.0)])
+        victim = rng.choice(["stage", "snakemake"])
         sm = _start(tmp_path, extra=("--forcerun", rule))
         try:
             pid = _wait_for_stage(sm, rule)
             assert pid is not None, f"{rule} never ran:\n{(tmp_path / 'killed-run.log').read_text()[-3000:]}"
             time.sleep(delay)
-            killed = _kill(pid)
+            below = psutil.Process(sm.pid).children(recursive=True) if victim == "snakemake" else []
+            killed = _kill(pid if victim == "stage" else sm.pid)
             rc = sm.wait(1200)
         finally:
             if sm.poll() is None:
                 sm.kill()
-        print(f"fault {trial}: kill -9 of the re-run stage {rule} {delay:.2f} s after it started; "
-              f"it was {'killed' if killed and rc != 0 else 'done'}")
+        print(f"fault {trial}: kill -9 of {'the re-run stage' if victim == 'stage' else 'snakemake re-running'} {rule} "
+              f"{delay:.2f} s after the stage started; {'killed' if killed and rc != 0 else 'it was done'}")
+        _, alive = psutil.wait_procs(below, timeout=300)
+        for p in alive:
+            _kill(p.pid)
+        assert not alive, f"processes outlived the killed snakemake: {[p.pid for p in alive]}"
         r = _run(tmp_path, *TARGETS)
-        assert killed and rc == 0 or "Nothing to be done" not in r.stdout + r.stderr
+        assert rc == 0 or "Nothing to be done" not in r.stdout + r.stderr
         _check_recovered(tmp_path, toy_linear_run)
 
 
@@ -171,7 +179,7 @@ def test_snakemake_killed_at_a_random_point_is_recovered_by_the_plain_command(to
     import psutil
 
     rng = random.Random(_seed() + 1000)
-    rule, delay = rng.choice(RULES), rng.uniform(0.0, 1.5)
+    rule, delay = rng.choice(RULES), rng.choice([0.0, rng.uniform(0.0, 1.5)])   # 0: while the stage starts up
     _toy(tmp_path)
     sm = _start(tmp_path)
     try:
