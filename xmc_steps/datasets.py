@@ -186,8 +186,11 @@ def missing_folder_message(name: str, folders: list[Path], data_dir: str | Path)
     where = ", ".join(map(str, folders))
     if name == "debtags":
         return f"dataset 'debtags': none of {where} exists (run the `prepare` rule to build it)"
+    from .synth import SHAPES
+
     target = fetch_folder(name, data_dir)
-    synth = "python -m xmc_steps.stages.synth --shape wiki500k --fraction 0.001 --layout {layout} --out {out}"
+    synth = (f"python -m xmc_steps.stages.synth --shape {name if name in SHAPES else 'wiki500k'} --fraction 0.01 "
+             "--layout {layout} --out {out}")
     if target is not None:
         from .fetch import archive_url   # light: no network at import
 

@@ -262,7 +262,11 @@ def fetch(archive: str, folder: Path, files: tuple[str, ...], log=None, progress
           manifest: Path | None = None) -> dict:
     """Download, verify and unpack ``archive`` into ``folder`` (see the module docstring); returns
     what was fetched (archive, url, bytes, sha256, whether the manifest pinned it)."""
+    from .datasets import CANONICAL
+    from .synth import SHAPES
+
     e = entry(archive, manifest)
+    shape = next((n for n, spec in CANONICAL.items() if spec.archive == archive and n in SHAPES), "wiki500k")
     folder = Path(folder)
     part = folder.parent / f"{folder.name}.tar.gz.part"
     tarball = folder.parent / f"{folder.name}.tar.gz"
@@ -273,7 +277,7 @@ def fetch(archive: str, folder: Path, files: tuple[str, ...], log=None, progress
         except StageError as err:
             raise StageError(f"{err}; without the network put the files {', '.join(files)} in {folder}/ "
                              f"(the tarball unpacked), or a synthetic set: python -m xmc_steps.stages.synth "
-                             f"--shape wiki500k --fraction 0.001 --layout xmc-base --out {folder}") from None
+                             f"--shape {shape} --fraction 0.01 --layout xmc-base --out {folder}") from None
         size, digest = part.stat().st_size, sha256_of(part)
         try:
             verify(part, e, size, digest)
