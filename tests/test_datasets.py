@@ -177,3 +177,13 @@ def test_synth_writes_the_xmc_base_layout_from_the_cli(tmp_path):
     assert Y.shape == (round(0.00003 * 1_779_881), 501_070)
     assert len((out / "output-items.txt").read_text().splitlines()) == 501_070
     assert locate("wiki500k-xb", tmp_path).layout == "xmc-base"
+
+
+def test_a_target_on_the_datasets_features_refuses_new_text():
+    from types import SimpleNamespace
+
+    from xmc_steps.serving import Features, PredictError
+
+    target = SimpleNamespace(settings={"tfidf": {"source": "dataset"}}, res="results", dataset="eurlex4k")
+    with pytest.raises(PredictError, match=r"eurlex4k: .*tfidf.source: dataset.*new text has none"):
+        Features(target, ["a new text"]).tfidf

@@ -55,14 +55,14 @@ def test_a_wrong_pin_or_a_refusing_server_stops_the_fetch_with_one_line(tmp_path
     tarball_server.files["/eurlex-4k.tar.gz"] = data
     manifest = tmp_path / "downloads.tsv"
     manifest.write_text(f"eurlex-4k\thttps://archive.org/download/pecos-dataset/xmc-base/eurlex-4k.tar.gz\t-\t{'ab' * 32}\n")
-    target = str(tmp_path / FOLDER / "X.trn.txt")         # the fetch job alone
-    r = _run(tmp_path, target, overrides=OVERRIDES, env=_env(tarball_server, manifest), check=False)
+    r = _run(tmp_path, TARGET, overrides=OVERRIDES, env=_env(tarball_server, manifest), check=False)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     [err] = [e for e in _error_lines(r) if "sha256" in e]
     assert hashlib.sha256(data).hexdigest() in err and "ab" * 32 in err and f"{manifest}:1" in err
     assert not (tmp_path / FOLDER / "X.trn.txt").exists() and not (tmp_path / f"{FOLDER}.tar.gz.part").exists()
+    assert not (tmp_path / "results/eurlex4k/ingest").exists()          # the DAG stopped at the fetch job
     tarball_server.refuse = 503
-    r = _run(tmp_path, target, overrides=OVERRIDES, env=_env(tarball_server), check=False)
+    r = _run(tmp_path, TARGET, overrides=OVERRIDES, env=_env(tarball_server), check=False)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     [err] = [e for e in _error_lines(r) if "HTTP 503" in e]
     assert f"{tarball_server.url}/eurlex-4k.tar.gz" in err and "xmc_steps.stages.synth" in err and FOLDER in err
