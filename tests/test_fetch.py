@@ -122,3 +122,15 @@ def test_the_stage_records_what_it_fetched(tmp_path, served):
     rec = json.loads((folder / "download.json").read_text())
     assert rec["extra"]["download"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert rec["extra"]["download"]["manifest_line"] == f"{manifest}:2"
+
+
+def test_a_part_of_another_url_or_with_a_cut_note_restarts(tmp_path, served):
+    server, data, manifest = served
+    folder = tmp_path / "data" / "xmc-base" / "eurlex-4k"
+    part = folder.parent / "eurlex-4k.tar.gz.part"
+    folder.parent.mkdir(parents=True)
+    for note in ('{"url": "http://elsewhere/eurlex-4k.tar.gz", "validator": null}', '{"url": "http://127'):
+        part.write_bytes(b"x" * 100)
+        part.with_name(part.name + ".json").write_text(note)
+        got = fetch.fetch("eurlex-4k", folder, FILES, progress=False, manifest=manifest)
+        assert server.requests[-1][1] is None and got["sha256"] == hashlib.sha256(data).hexdigest()

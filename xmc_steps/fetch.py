@@ -150,7 +150,10 @@ def download(url: str, part: Path, log=None, progress: bool = True, timeout: flo
     :class:`StageError` saying how much arrived; so does a server that cannot be reached or
     answers with an error status."""
     meta_path = _meta_path(part)
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    except (ValueError, OSError):        # a note a killed run cut short: start over
+        meta = {}
     if meta.get("url") != url:            # a part of another URL (or none): start over
         part.unlink(missing_ok=True)
         meta = {"url": url}
@@ -229,6 +232,18 @@ def verify(path: Path, e: ManifestEntry, size: int, sha256: str) -> None:
                          "the download was removed, nothing unpacked")
 
 
+def _verified(path: Path, e: ManifestEntry) -> tuple[int, str]:
+    """(size, sha256) of ``path`` once :func:`verify` passes; a file that fails is removed."""
+    size, digest = path.stat().st_size, sha256_of(path)
+    try:
+        verify(path, e, size, digest)
+    except StageError:
+        path.unlink(missing_ok=True)
+        _meta_path(path).unlink(missing_ok=True)
+        raise
+    return size, digest
+
+
 def unpack(tarball: Path, folder: Path, files: tuple[str, ...]) -> None:
     """Unpack ``tarball`` (``xmc-base/<name>/...``, or ``<name>/...``, or the files at its top)
     into ``folder``: through a temporary folder beside it, each file moved into place once all of
@@ -278,18 +293,11 @@ def fetch(archive: str, folder: Path, files: tuple[str, ...], log=None, progress
             raise StageError(f"{err}; without the network put the files {', '.join(files)} in {folder}/ "
                              f"(the tarball unpacked), or a synthetic set: python -m xmc_steps.stages.synth "
                              f"--shape {shape} --fraction 0.01 --layout xmc-base --out {folder}") from None
-        size, digest = part.stat().st_size, sha256_of(part)
-        try:
-            verify(part, e, size, digest)
-        except StageError:
-            part.unlink(missing_ok=True)
-            _meta_path(part).unlink(missing_ok=True)
-            raise
+        size, digest = _verified(part, e)
         os.replace(part, tarball)
         _meta_path(part).unlink(missing_ok=True)
-    else:                                   # a verified tarball a failed unpack left
-        size, digest = tarball.stat().st_size, sha256_of(tarball)
-        verify(tarball, e, size, digest)
+    else:                                   # a tarball a failed unpack left: checked again (the pins may be new)
+        size, digest = _verified(tarball, e)
     pinned = e.sha256 is not None
     if log and not pinned:
         log.warning("%s is not pinned in %s: to pin this download, make line %d read: %s", archive, e.path, e.line,
