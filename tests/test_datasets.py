@@ -36,8 +36,16 @@ def test_a_missing_benchmark_names_its_url_files_folder_and_synth(tmp_path):
     assert str(tmp_path / "xmc-base" / "wiki-500k") in msg and "X.trn.txt" in msg and "tfidf-attnxml/X.tst.npz" in msg
     assert "python -m xmc_steps.stages.synth" in msg
     # the DAG then asks the fetch rule for exactly those files
-    assert datasets.dataset_inputs("wiki500k", tmp_path) == [tmp_path / "xmc-base" / "wiki-500k" / n
-                                                             for n in datasets.XMC_BASE_FILES]
+    fetched = [tmp_path / "xmc-base" / "wiki-500k" / n for n in datasets.XMC_BASE_FILES]
+    assert datasets.dataset_inputs("wiki500k", tmp_path) == fetched
+    # a seed replica's path (config.dataset_settings) is that folder: the same files
+    from xmc_steps import config
+
+    cfg = config.load(config.SCHEMA_PATH.parents[2] / "config.yaml")
+    cfg = config.deep_merge(cfg, {"data_dir": str(tmp_path), "defaults": {"seeds": [0, 1]}})
+    s = config.dataset_settings(cfg, "wiki500k-seed1")
+    assert s["replica_of"] == "wiki500k"
+    assert datasets.dataset_inputs("wiki500k", tmp_path, s["path"]) == fetched
 
 
 def test_a_missing_folder_of_another_dataset_says_where_its_files_go(tmp_path):
