@@ -195,3 +195,15 @@ def test_a_target_on_the_datasets_features_refuses_new_text():
     target = SimpleNamespace(settings={"tfidf": {"source": "dataset"}}, res="results", dataset="eurlex4k")
     with pytest.raises(PredictError, match=r"eurlex4k: .*tfidf.source: dataset.*new text has none"):
         Features(target, ["a new text"]).tfidf
+
+
+def test_an_ingest_folder_of_an_earlier_version_asks_for_ingest_again(tmp_path):
+    from xmc_steps.stages.tfidf import main as tfidf_main
+
+    out = tmp_path / "ingest"
+    out.mkdir()
+    (out / "ingest.json").write_text(json.dumps({"layout": "bow"}))
+    (out / "X_bow_train.npz").write_bytes(b"")
+    with pytest.raises(StageError, match=r"X_dataset_train.npz: missing; .* run ingest again"):
+        tfidf_main(["--ingest", str(out), "--out", str(tmp_path / "f"), "--dataset", "old", "--no-tracking",
+                    "--params", json.dumps(SETTINGS["tfidf"])])

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
             raise StageError(f"{own['train']}: tfidf.source is dataset, but dataset '{args.dataset}' has no features "
                              f"of its own (layout {layout}; the xmc-base layout's tfidf-attnxml/ or the BoW layout "
                              "has them); set tfidf.source: pipeline for it")
+        if layout == "bow" and not own["train"].exists():
+            raise StageError(f"{own['train']}: missing; {src} was written by an earlier version (X_bow_*.npz): "
+                             f"run ingest again (snakemake --forcerun ingest <target>)")
         if source == "dataset" or layout == "bow":
             st.log.info("the dataset's own features (%s), rows L2-normalised",
                         "tfidf.source: dataset" if source == "dataset" else "a BoW dataset has no texts")
