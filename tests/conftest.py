@@ -96,3 +96,87 @@ def neural_toy_run(tmp_path_factory):
     _toy(tmp)
     _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=NEURAL_OVERRIDES)
     return tmp
+
+
+class TarballServer:
+    """A loopback HTTP server (127.0.0.1, a free port) for the fetch tests: it serves ``files``
+    (path -> bytes) with HTTP ranges (206, 416), and can cut its next answer halfway
+    (``cut_next``: the whole Content-Length, half the bytes, then the connection closes) or refuse
+    every request (``refuse``: a status to answer with).  ``requests`` lists (path, Range header)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        import http.server
+        import threading
+
+        self.files, self.cut_next, self.refuse, self.requests = dict(files), False, None, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                rng = self.headers.get("Range")
+                server.requests.append((self.path, rng))
+                if server.refuse:
+                    self.send_error(server.refuse)
+                    return
+                data = server.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                start = int(rng[len("bytes="):].split("-")[0]) if rng else 0
+                if start >= len(data) and rng:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(206 if rng else 200)
+                if rng:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("ETag", '"v1"')
+                self.end_headers()
+                body = data[start:]
+                if server.cut_next:
+                    server.cut_next = False
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def tarball_server():
+    """A :class:`TarballServer` with no files yet (``server.files[path] = bytes``), closed after the test."""
+    server = TarballServer({})
+    yield server
+    server.close()
+
+
+def xmc_base_tarball(tmp_path: Path, archive: str, n_train: int = 60, n_test: int = 20) -> bytes:
+    """A small xmc-base tarball (``xmc-base/<archive>/...``, synthetic, 8 labels) as PECOS ships them."""
+    import io as _io
+    import tarfile
+
+    from xmc_steps import synth
+
+    shape = synth.Shape("tiny", n_train, n_test, 8, 2.0, 12.0, vocab=60, topic_words=3, signal=0.5)
+    folder = tmp_path / "tarball-src" / archive
+    synth.write(shape, 1.0, folder, seed=0, layout="xmc-base")
+    (folder / "synth.json").unlink()
+    buf = _io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        tf.add(folder, arcname=f"xmc-base/{archive}")
+    return buf.getvalue()

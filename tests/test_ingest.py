@@ -118,7 +118,7 @@ def test_bow_layout(tmp_path):
     (d / "train.txt").write_text("3 5 2\n0,1 0:1.0 3:2.0\n1 2:0.5\n 4:1\n")
     (d / "test.txt").write_text("1 5 2\n0 1:1.0\n")
     out = run_ingest(tmp_path, name="eurlex4k")
-    X = io.load_csr(out / "X_bow_test.npz")
+    X = io.load_csr(out / "X_dataset_test.npz")
     assert X.shape == (1, 5) and X[0, 1] == 1.0
     Y = np.vstack([io.load_csr(out / f"Y_{s}.npz").toarray() for s in ("train", "valid")])
     assert Y.sum() == 3
@@ -158,7 +158,7 @@ def test_bow_header_after_a_byte_order_mark(tmp_path):
     (d / "train.txt").write_bytes(BOM + b"2 5 2\n0 0:1.0\n1 2:0.5\n")
     (d / "test.txt").write_bytes(BOM + b"1 5 2\n0 1:1.0\n")
     out = run_ingest(tmp_path, name="eurlex4k")
-    assert io.load_csr(out / "X_bow_test.npz").shape == (1, 5)
+    assert io.load_csr(out / "X_dataset_test.npz").shape == (1, 5)
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

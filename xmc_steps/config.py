@@ -335,11 +335,11 @@ def dataset_settings(config: Mapping[str, Any], dataset: str) -> dict[str, Any]:
                                                          "B": B if prop.get("B") is None else prop["B"]}}
         s["replica_of"] = base
         if not s.get("path"):   # the base's files (the ingest rule reads --path)
-            from .datasets import candidate_folders
+            from .datasets import candidate_folders, fetch_folder
 
             data_dir = config.get("data_dir", "data")
             folders = candidate_folders(base, data_dir)
-            s["path"] = str(next((f for f in folders if f.is_dir()), folders[0]))
+            s["path"] = str(next((f for f in folders if f.is_dir()), fetch_folder(base, data_dir) or folders[0]))
         return s
     own = (config.get("datasets") or {}).get(dataset) or {}
     s = deep_merge(config["defaults"], own)

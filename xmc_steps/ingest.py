@@ -7,7 +7,8 @@ Outputs (in ``--out``, a folder):
   1-based source line), ``source_line`` (1-based line in the upstream file), ``text``,
   ``labels`` (list of label indices);
 * ``Y_{train,valid,test}.npz``: CSR 0/1 label matrices (documents x labels);
-* ``X_bow_{train,valid,test}.npz``: only for the BoW layout, the given features;
+* ``X_dataset_{train,valid,test}.npz``: the dataset's own features, where it has them (the BoW
+  layout's; the xmc-base layout's ``tfidf-attnxml/``), rows carved as the documents';
 * ``labels.parquet``: one row per label index: ``label_id``, ``label_text``,
   ``train_freq`` (positives among all training documents, train + valid);
 * ``ingest.json``: counts (documents, empty documents, documents without labels,
@@ -24,12 +25,17 @@ train or test split without documents, or without a single label, is an error na
 (nothing could be trained or evaluated on it; without the check it would fail stages later, at
 TF-IDF or evaluation).  A UTF-8 byte-order mark at the start of a file is dropped (Windows
 editors write one; it would otherwise become part of the first label id, text or BoW header).
+The xmc-base layout's matrices are checked as the text files are: ``Y.{trn,tst}.npz`` has one row
+per line of ``X.{trn,tst}.txt``, its labels are columns listed in ``output-items.txt`` (one
+label text per line), the features have one row per line and as many columns in both splits, and
+each of those is an error naming the file (and the row, which is the text's line).
 The validation split is carved from train with ``split.seed`` and ``split.valid_fraction``.
 """
 
 from __future__ import annotations
 
 import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,7 @@ import scipy.sparse as sp
 from . import io
 from .datasets import DatasetFiles
 from .errors import StageError
-from .layout import LABELS
+from .layout import DATASET_FEATURES, LABELS
 
 
 def read_lines(path: Path, errors: str = "strict") -> tuple[list[str], int]:
@@ -195,6 +201,79 @@ def parse_bow(path: Path, errors: str):
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def read_npz(path: Path) -> sp.csr_matrix:
+    """A scipy sparse matrix from ``path`` as CSR; a file that is none is an error naming it."""
+    try:
+        return sp.csr_matrix(sp.load_npz(path))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise StageError(f"{path}: not a scipy sparse matrix (.npz): {e}") from None
+
+
+def _check_rows(path: Path, n_rows: int, texts: Path, n_lines: int, what: str) -> None:
+    """A matrix read beside a texts file has one row per line; else an error naming both."""
+    if n_rows != n_lines:
+        raise StageError(f"{path}: {n_rows} rows but {texts} has {n_lines} lines; row i holds the {what} of line i")
+
+
+def read_xmc_base_labels(path: Path, texts: Path, n_lines: int, n_items: int | None, items: Path | None) -> sp.csr_matrix:
+    """An xmc-base label matrix (``Y.{trn,tst}.npz``) checked against its texts' line count and,
+    with ``output-items.txt`` (``n_items`` lines), against the labels listed there; entries 0/1."""
+    Y = read_npz(path)
+    _check_rows(path, Y.shape[0], texts, n_lines, "labels")
+    Y.eliminate_zeros()
+    Y.sum_duplicates()
+    if n_items is not None and Y.nnz and int(Y.indices.max()) >= n_items:
+        k = int(np.argmax(Y.indices >= n_items))
+        row = int(np.searchsorted(Y.indptr, k, side="right"))
+        raise StageError(f"{path}: row {row - 1} (line {row} of {texts}) has label {int(Y.indices[k])}, "
+                         f"but {items} lists {n_items} labels")
+    Y.data[:] = 1.0
+    return Y.astype(np.float32)
+
+
+def read_xmc_base_features(path: Path, texts: Path, n_lines: int, n_cols: int | None) -> sp.csr_matrix:
+    """The xmc-base layout's own features of a split: one row per text line, finite values, the
+    train split's column count (``n_cols``) in the test split."""
+    X = read_npz(path).astype(np.float32)
+    _check_rows(path, X.shape[0], texts, n_lines, "features")
+    if n_cols is not None and X.shape[1] != n_cols:
+        raise StageError(f"{path}: {X.shape[1]} feature columns, but the train split's features have {n_cols}")
+    bad = ~np.isfinite(X.data)
+    if bad.any():
+        row = int(np.searchsorted(X.indptr, int(np.argmax(bad)), side="right"))
+        raise StageError(f"{path}: row {row - 1} (line {row} of {texts}) holds a value that is not a finite float32 number")
+    return X
+
+
+def read_xmc_base(files: DatasetFiles, errors: str) -> tuple[dict[str, dict[str, Any]], int, dict[str, str], int]:
+    """The xmc-base layout's splits (as :func:`ingest` holds them), label count, label texts by id
+    and replaced bytes (see the module docstring for the checks)."""
+    items = None
+    if files.label_texts:
+        items, _ = read_lines(files.label_texts, errors)
+    splits: dict[str, dict[str, Any]] = {}
+    replaced, n_cols = 0, None
+    for split in ("train", "test"):
+        tpath, ypath = files.texts[split], files.label_matrices[split]
+        texts, rep = read_lines(tpath, errors)
+        replaced += rep
+        Y = read_xmc_base_labels(ypath, tpath, len(texts), None if items is None else len(items), files.label_texts)
+        check_split(split, len(texts), int((np.diff(Y.indptr) > 0).sum()), tpath, ypath)
+        s = {"texts": texts, "Y": Y, "ids": [str(i) for i in range(1, len(texts) + 1)],
+             "lines": np.arange(1, len(texts) + 1)}
+        if split in files.features:
+            s["X"] = read_xmc_base_features(files.features[split], tpath, len(texts), n_cols)
+            n_cols = s["X"].shape[1]
+        splits[split] = s
+    n_labels = len(items) if items is not None else max(s["Y"].shape[1] for s in splits.values())
+    for s in splits.values():
+        Y = s.pop("Y")
+        Y.resize((Y.shape[0], n_labels))
+        s["y"] = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]].tolist() for i in range(Y.shape[0])]
+    names = dict(zip((str(i) for i in range(n_labels)), items)) if items is not None else {}
+    return splits, n_labels, names, replaced
+
+
 def label_matrix(lists: list[list[int]], n_labels: int) -> sp.csr_matrix:
     indptr = np.zeros(len(lists) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in lists], out=indptr[1:])
@@ -242,6 +321,9 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
                     raise StageError(f"{lpath}:{ln}: label {e.args[0]!r} is not in {files.label_ids}") from None
             s["y"] = conv
         n_labels = len(label_ids)
+    elif files.layout == "xmc-base":
+        raw_splits, n_labels, names, replaced = read_xmc_base(files, errors)
+        label_ids = [str(i) for i in range(n_labels)]
     else:
         n_labels = None
         for split in ("train", "test"):
@@ -277,8 +359,8 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
         })
         io.save_csr(out / f"Y_{name}.npz", Y)
         if "X" in s:
-            io.save_csr(out / f"X_bow_{name}.npz", s["X"][idx])
-        n_empty = sum(1 for t in texts if not t.strip()) if files.layout == "raw" else 0
+            io.save_csr(out / DATASET_FEATURES.format(split=name), s["X"][idx])
+        n_empty = sum(1 for t in texts if not t.strip()) if files.layout != "bow" else 0
         n_nolab = int((np.diff(Y.indptr) == 0).sum())
         report["splits"][name] = {"docs": len(idx), "empty_docs": n_empty, "docs_without_labels": n_nolab,
                                   "label_occurrences": int(Y.nnz), "labels_used": int((Y.getnnz(axis=0) > 0).sum())}
@@ -291,7 +373,8 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
     })
     unseen = (Ys["test"].getnnz(axis=0) > 0) & (freq == 0)
     report.update({"n_labels": n_labels, "labels_unseen_in_train": int(unseen.sum()),
-                   "replaced_bytes": replaced, "has_label_texts": bool(names)})
+                   "replaced_bytes": replaced, "has_label_texts": bool(names),
+                   "has_own_features": "X" in raw_splits["train"]})
     if replaced:
         log.warning("replaced %d bytes that were not UTF-8 with U+FFFD", replaced)
     log.info("%d labels, %d seen only in test", n_labels, int(unseen.sum()))

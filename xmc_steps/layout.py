@@ -64,6 +64,7 @@ GUARD = "guard.json"                      # a neural stage's guard verdict (xtra
 CURVE = "curve.png"                       # a neural training's validation curve (curves.plot_curve)
 LABEL_EMB = "label_emb.npz"               # a label embedding, in INDEX
 LABELS = "labels.parquet"                 # the label table (label_id, label_text, train_freq), in INGEST
+DATASET_FEATURES = "X_dataset_{split}.npz"  # the dataset's own features (BoW, xmc-base tfidf-attnxml/), in INGEST
 
 
 def record(name: str) -> str:

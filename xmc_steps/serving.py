@@ -128,6 +128,10 @@ class Features:
 
     @cached_property
     def tfidf(self) -> sp.csr_matrix:
+        if self.target.settings["tfidf"].get("source") == "dataset":
+            raise PredictError(f"{self.target.dataset}: this target reads the dataset's own features "
+                               "(tfidf.source: dataset), which exist for the dataset's documents only: new text has "
+                               "none; train it with tfidf.source: pipeline to answer new text")
         model = _tfidf_model(self.target.res, self.target.dataset, _freeze(self.target.settings["tfidf"]))
         if len(self.texts) <= FEW_TEXTS:       # the same matrix, without scikit-learn's per-call checks
             return model.transform_few(self.texts)

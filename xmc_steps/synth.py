@@ -4,8 +4,11 @@
 
 writes the AttentionXML raw-text layout (:mod:`xmc_steps.datasets`): ``train_texts.txt``,
 ``train_labels.txt``, ``test_texts.txt``, ``test_labels.txt``, ``label_ids.txt`` and
-``label_texts.txt``, plus ``synth.json`` (the shape, the seed, the counts written).  The
-folder is picked up by name like any dataset (``results/<name>/xr-linear.json``).
+``label_texts.txt``, plus ``synth.json`` (the shape, the seed, the counts written); with
+``--layout xmc-base``, PECOS's layout instead: ``X.{trn,tst}.txt``, ``Y.{trn,tst}.npz``,
+``output-items.txt`` and ``tfidf-attnxml/X.{trn,tst}.npz`` (its own features, a unigram TF-IDF
+of its train texts: :data:`OWN_FEATURES`).  The folder is picked up by name like any dataset
+(``results/<name>/xr-linear.json``).
 
 What is kept from the real set (:data:`SHAPES`, the statistics published with it,
 X-Transformer Table 2 / AttentionXML): **all L labels** whatever the fraction (the label
@@ -61,8 +64,14 @@ class Shape:
 
 
 #: Published statistics of the real sets (train/test documents, labels, labels per document,
-#: words per document).
+#: words per document: X-Transformer Table 2's training tokens over its training documents).
 SHAPES: dict[str, Shape] = {
+    "eurlex4k": Shape("eurlex4k", 15_449, 3_865, 3_956, 5.30, 1240.0, source="Eurlex-4K, X-Transformer Table 2"),
+    "wiki10-31k": Shape("wiki10-31k", 14_146, 6_616, 30_938, 18.64, 2090.0, source="Wiki10-31K, X-Transformer Table 2"),
+    "amazoncat13k": Shape("amazoncat13k", 1_186_239, 306_782, 13_330, 5.04, 212.0,
+                          source="AmazonCat-13K, X-Transformer Table 2"),
+    "amazon3m": Shape("amazon3m", 1_717_899, 742_507, 2_812_281, 36.04, 104.0,
+                      source="Amazon-3M, AttentionXML Table 1 (not among ../shared/papers)"),
     "wiki500k": Shape("wiki500k", 1_779_881, 769_421, 501_070, 4.75, 800.0,
                       source="Wiki-500K, X-Transformer Table 2 / AttentionXML"),
     "amazon670k": Shape("amazon670k", 490_449, 153_025, 670_091, 5.45, 250.0,
@@ -132,39 +141,91 @@ class Generator:
             yield texts, labels
 
 
-def write(shape: Shape, fraction: float, out: str | Path, seed: int = 0, progress=None) -> dict:
-    """Write the dataset folder; returns what ``synth.json`` holds."""
+def _write_texts(gen: Generator, n: int, stream: int, path: Path, split: str, progress=None) -> tuple[list, int]:
+    """Write ``n`` documents' texts to ``path`` (through a temporary name, renamed when complete);
+    returns their label lists and their word count."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    labels, n_words, done = [], 0, 0
+    with open(tmp, "w", encoding="utf-8") as ft:
+        for texts, labs in gen.documents(n, stream):
+            for t in texts:
+                ft.write(t + "\n")
+                n_words += t.count(" ") + 1
+            labels += labs
+            done += len(texts)
+            if progress:
+                progress(split, done, n)
+    tmp.replace(path)
+    return labels, n_words
+
+
+def _write_lines(path: Path, lines) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+    tmp.replace(path)
+
+
+#: the TF-IDF an xmc-base set ships as its own features (tfidf-attnxml/): unigrams, unlike the pipeline's
+#: default, so a run can tell the two sources apart
+OWN_FEATURES = {"ngram_range": [1, 1], "min_df": 1, "max_features": None, "sublinear_tf": False, "lowercase": True}
+
+
+def write(shape: Shape, fraction: float, out: str | Path, seed: int = 0, progress=None, layout: str = "raw") -> dict:
+    """Write the dataset folder in ``layout`` (``raw``: the AttentionXML files, ``xmc-base``: PECOS's,
+    with its own TF-IDF in ``tfidf-attnxml/``); returns what ``synth.json`` holds."""
+    from . import io
+    from .datasets import XMC_BASE_FEATURES, XMC_BASE_LABEL_TEXTS, XMC_BASE_SPLIT
+
     if not 0 < fraction <= 1:
         raise StageError(f"--fraction must be in (0, 1], got {fraction}")
+    if layout not in ("raw", "xmc-base"):
+        raise StageError(f"--layout must be raw or xmc-base, got {layout!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     gen = Generator(shape, seed)
     ids = [f"L{j}" for j in range(shape.n_labels)]
-    counts = {}
+    counts, text_files = {}, {}
     for split, n_full, stream in (("train", shape.n_train, 1), ("test", shape.n_test, 2)):
         n = max(1, int(round(fraction * n_full)))
-        tmp_t, tmp_l = out / f".{split}_texts.txt.tmp", out / f".{split}_labels.txt.tmp"
-        n_lab = n_words = 0
-        with open(tmp_t, "w", encoding="utf-8") as ft, open(tmp_l, "w", encoding="utf-8") as fl:
-            done = 0
-            for texts, labels in gen.documents(n, stream):
-                for t, labs in zip(texts, labels):
-                    ft.write(t + "\n")
-                    fl.write(" ".join(ids[j] for j in labs) + "\n")
-                    n_lab += len(labs)
-                    n_words += t.count(" ") + 1
-                done += len(texts)
-                if progress:
-                    progress(split, done, n)
-        tmp_t.replace(out / f"{split}_texts.txt")
-        tmp_l.replace(out / f"{split}_labels.txt")
-        counts[split] = {"documents": n, "labels_per_doc": n_lab / n, "words_per_doc": n_words / n}
-    for name, lines in (("label_ids.txt", ids), ("label_texts.txt", (gen.label_text(j) for j in range(shape.n_labels)))):
-        tmp = out / f".{name}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-        tmp.replace(out / name)
-    info = {"format": FORMAT, "shape": asdict(shape), "fraction": fraction, "seed": seed, "written": counts}
+        if layout == "raw":
+            text_files[split] = out / f"{split}_texts.txt"
+            labels, n_words = _write_texts(gen, n, stream, text_files[split], split, progress)
+            _write_lines(out / f"{split}_labels.txt", (" ".join(ids[j] for j in labs) for labs in labels))
+        else:
+            text_files[split] = out / f"X.{XMC_BASE_SPLIT[split]}.txt"
+            labels, n_words = _write_texts(gen, n, stream, text_files[split], split, progress)
+            io.save_csr(out / f"Y.{XMC_BASE_SPLIT[split]}.npz", _label_matrix(labels, shape.n_labels))
+        counts[split] = {"documents": n, "labels_per_doc": sum(map(len, labels)) / n, "words_per_doc": n_words / n}
+    label_texts = [gen.label_text(j) for j in range(shape.n_labels)]
+    if layout == "raw":
+        _write_lines(out / "label_ids.txt", ids)
+        _write_lines(out / "label_texts.txt", label_texts)
+    else:
+        _write_lines(out / XMC_BASE_LABEL_TEXTS, label_texts)
+        _write_own_features(text_files, out / XMC_BASE_FEATURES, XMC_BASE_SPLIT)
+    info = {"format": FORMAT, "layout": layout, "shape": asdict(shape), "fraction": fraction, "seed": seed,
+            "written": counts}
     (out / "synth.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return info
+
+
+def _label_matrix(labels: list, n_labels: int):
+    import scipy.sparse as sp
+
+    indptr = np.cumsum([0] + [len(x) for x in labels])
+    ind = np.concatenate([np.asarray(x, np.int32) for x in labels]) if labels else np.zeros(0, np.int32)
+    return sp.csr_matrix((np.ones(len(ind), np.float32), ind, indptr), shape=(len(labels), n_labels))
+
+
+def _write_own_features(text_files: dict[str, Path], folder: Path, split_names: dict[str, str]) -> None:
+    """The xmc-base set's own features: a TF-IDF (:data:`OWN_FEATURES`) fitted on its train texts."""
+    from . import io, tfidf
+
+    def texts(split):
+        return text_files[split].read_text(encoding="utf-8").splitlines()
+
+    model = tfidf.fit_streaming([texts("train")], OWN_FEATURES)
+    for split, name in split_names.items():
+        io.save_csr(folder / f"X.{name}.npz", model.transform_batches([texts(split)]))

@@ -147,13 +147,20 @@ def data_name(wildcards):
     return S(wildcards).get("replica_of") or wildcards.dataset
 
 
+def stop(message):
+    """End the run with ``message`` as one line on stderr (no traceback): what an input function
+    does when the DAG cannot be built, as the config check above does at start-up."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(1)
+
+
 def dataset_inputs(wildcards):
-    """The upstream files of a dataset (the built-in debtags is made by `prepare`)."""
+    """The upstream files of a dataset (the built-in debtags is made by `prepare`, a PECOS benchmark
+    not yet here by `fetch`)."""
     s = S(wildcards)
     if data_name(wildcards) == "debtags" and not s.get("path"):
         return [f"{DATA}/debtags/{n}" for n in DEBTAGS_FILES]
     try:
-        files = xds.locate(data_name(wildcards), DATA, s.get("path"), s.get("layout"))
+        return [str(p) for p in xds.dataset_inputs(data_name(wildcards), DATA, s.get("path"), s.get("layout"))]
     except xds.StageError as e:
-        raise WorkflowError(str(e))
-    return [str(p) for p in files.inputs()]
+        stop(e)

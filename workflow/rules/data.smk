@@ -54,3 +54,25 @@ rule ingest:
     shell:
         "{PY:q} -m xmc_steps.stages.ingest --name {wildcards.dataset} --data-dir {DATA:q} "
         "{params.path:q} {params.layout:q} --out {params.out:q} " + STAGE_ARGS
+
+
+rule fetch:
+    """A PECOS benchmark's tarball: downloaded (resumable), verified against workflow/downloads.tsv, unpacked."""
+    output:
+        files=[f"{DATA}/xmc-base/{{archive}}/{n}" for n in xds.XMC_BASE_FILES],
+        record=f"{DATA}/xmc-base/{{archive}}/download.json",
+    log:
+        "logs/fetch/{archive}.log",
+    params:
+        out=f"{DATA}/xmc-base/{{archive}}",
+    wildcard_constraints:
+        archive="|".join(s.archive for s in xds.CANONICAL.values() if s.archive),
+    threads: 1
+    resources:
+        mem_mb=res("fetch", "mem_mb", 1000),
+        runtime=res("fetch", "runtime", 600),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.fetch --archive {wildcards.archive} --out {params.out:q} "
+        "--record {output.record:q} --log {log:q} --rule {rule} --no-tracking"

@@ -27,10 +27,11 @@ def label_texts_file(w):
     if data_name(w) == "debtags" and not s.get("path"):
         return f"{DATA}/debtags/label_texts.txt"
     try:
-        folder = xds.locate(data_name(w), DATA, s.get("path"), s.get("layout")).folder
+        files = xds.locate(data_name(w), DATA, s.get("path"), s.get("layout"))
     except xds.StageError:
-        folder = f"{DATA}/{data_name(w)}"
-    return f"{folder}/label_texts.txt"
+        fetched = xds.fetch_folder(data_name(w), DATA)
+        return f"{fetched}/{xds.XMC_BASE_LABEL_TEXTS}" if fetched else f"{DATA}/{data_name(w)}/label_texts.txt"
+    return str(files.label_texts or f"{files.folder}/label_texts.txt")
 
 
 rule gudn_train:

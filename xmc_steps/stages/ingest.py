@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 
 from .. import ingest
-from ..datasets import locate
+from ..datasets import LAYOUTS, locate
+from ..layout import DATASET_FEATURES
 from ..stage import add_common_args, cli_main, stage_run
 
 
@@ -19,12 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", required=True, help="dataset name")
     p.add_argument("--data-dir", default="data")
     p.add_argument("--path", default=None, help="dataset folder (default: found by name under --data-dir)")
-    p.add_argument("--layout", choices=["raw", "bow"], default=None)
+    p.add_argument("--layout", choices=list(LAYOUTS), default=None)
     p.add_argument("--out", required=True, help="output folder")
     add_common_args(p)
     args = p.parse_args(argv)
     out = Path(args.out)
-    outputs = [str(out / n) for n in ingest.OUTPUT_NAMES] + [str(out / f"X_bow_{s}.npz") for s in ("train", "valid", "test")]
+    outputs = [str(out / n) for n in ingest.OUTPUT_NAMES] + [str(out / DATASET_FEATURES.format(split=s)) for s in ("train", "valid", "test")]
     with stage_run("ingest", args, outputs=outputs) as st:
         files = locate(args.name, args.data_dir, args.path, args.layout)
         st.log.info("dataset %s: %s layout in %s", args.name, files.layout, files.folder)

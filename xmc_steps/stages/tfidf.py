@@ -1,8 +1,10 @@
 """TF-IDF stage: documents -> L2-normalised sparse TF-IDF features (NPZ).
 
-Fitted on the train + valid documents (streamed in chunks, :func:`xmc_steps.tfidf.fit_streaming`;
-the chunk and spill-partition sizes come from the text size, :func:`xmc_steps.tfidf.chunk_rows`);
-for a BoW-layout dataset the given features, rows L2-normalised.  See :mod:`xmc_steps.tfidf`.
+With ``tfidf.source: pipeline``, fitted on the train + valid documents (streamed in chunks,
+:func:`xmc_steps.tfidf.fit_streaming`; the chunk and spill-partition sizes come from the text size,
+:func:`xmc_steps.tfidf.chunk_rows`); with ``source: dataset``, and for a BoW-layout dataset (it has
+no texts), the dataset's own features that ingest carried (``X_dataset_{split}.npz``), rows
+L2-normalised.  See :mod:`xmc_steps.tfidf`.
 
 Outputs in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, sorted indices),
 ``vocab.parquet`` (``term``, ``idf`` in feature-index order).
@@ -19,6 +21,7 @@ import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from .. import io, tfidf
+from ..layout import DATASET_FEATURES
 from ..stage import StageError, add_common_args, cli_main, stage_run
 
 
@@ -32,9 +35,20 @@ def main(argv: list[str] | None = None) -> None:
     names = [f"X_{s}.npz" for s in tfidf.SPLITS] + ["vocab.parquet"]
     # the spill folder's name too: the stage removes the one a killed run left (io.remove_stale_temporaries)
     with stage_run("tfidf", args, outputs=[str(out / n) for n in names] + [str(out / tfidf.SPILL)]) as st:
-        if (src / "X_bow_train.npz").exists():
-            st.log.info("BoW dataset: L2-normalising the given features")
-            mats = {s: normalize(io.load_csr(src / f"X_bow_{s}.npz").astype(np.float32)) for s in tfidf.SPLITS}
+        own = {s: src / DATASET_FEATURES.format(split=s) for s in tfidf.SPLITS}
+        layout = io.read_json(src / "ingest.json").get("layout") if (src / "ingest.json").exists() else None
+        source = st.params.get("source", "pipeline")
+        if source == "dataset" and not own["train"].exists():
+            raise StageError(f"{own['train']}: tfidf.source is dataset, but dataset '{args.dataset}' has no features "
+                             f"of its own (layout {layout}; the xmc-base layout's tfidf-attnxml/ or the BoW layout "
+                             "has them); set tfidf.source: pipeline for it")
+        if layout == "bow" and not own["train"].exists():
+            raise StageError(f"{own['train']}: missing; {src} was written by an earlier version (X_bow_*.npz): "
+                             f"run ingest again (snakemake --forcerun ingest <target>)")
+        if source == "dataset" or layout == "bow":
+            st.log.info("the dataset's own features (%s), rows L2-normalised",
+                        "tfidf.source: dataset" if source == "dataset" else "a BoW dataset has no texts")
+            mats = {s: normalize(io.load_csr(own[s]).astype(np.float32)) for s in tfidf.SPLITS}
             d = mats["train"].shape[1]
             io.write_table(out / "vocab.parquet", {"term": [str(i) for i in range(d)], "idf": np.ones(d, np.float32)})
         else:
