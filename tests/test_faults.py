@@ -132,7 +132,7 @@ def test_a_stage_killed_at_a_random_point_is_recovered_by_the_plain_command(toy_
 
 
 def _trials() -> int:
-    return int(os.environ.get("XMC_FAULT_TRIALS", "2"))
+    return int(os.environ.get("XMC_FAULT_TRIALS", "1"))
 
 
 @pytest.mark.slow
@@ -141,7 +141,7 @@ def test_a_stage_killed_while_it_reruns_is_rebuilt_with_what_was_made_from_it(to
     moment, the start-up included (the delay counts from the moment its process exists, before its imports).
     Snakemake removes the killed job's outputs and keeps what was made from them; the plain rerun must not say
     "Nothing to be done" but rebuild the whole chain: every artifact of the reference, byte for byte.  A few
-    trials (``XMC_FAULT_TRIALS``, 2) from ``XMC_FAULT_SEED``."""
+    trials (``XMC_FAULT_TRIALS``, 1) from ``XMC_FAULT_SEED``."""
     import psutil
 
     rng = random.Random(_seed() + 2000)

@@ -229,3 +229,10 @@ def test_a_carriage_return_inside_a_labels_line_is_an_error(tmp_path):
     (d / "test_labels.txt").write_bytes(b"a\rb\rc\n")
     with pytest.raises(StageError, match=r"test_labels.txt:1: a carriage return inside a labels line"):
         run_ingest(tmp_path)
+
+
+def test_a_duplicated_label_id_names_its_line_and_the_first(tmp_path):
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST, label_ids=["a", "b", "c", "b"],
+                      label_texts=["A", "B", "C", "B2"])
+    with pytest.raises(StageError, match=r"label_ids.txt:4: label id 'b' repeats line 2$"):
+        run_ingest(tmp_path)

@@ -191,3 +191,44 @@ def test_few_texts_get_the_tfidf_bytes_of_the_dag_transform(params):
         got, want = model.transform_few([t]), ref[i]
         assert np.array_equal(got.indices, want.indices) and np.array_equal(got.data.view(np.int32), want.data.view(np.int32))
     assert xp.FEW_TEXTS >= 1
+
+
+def _predict_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xmc_steps.stages.predict", *args], cwd=ROOT, capture_output=True,
+                          text=True, input=stdin, timeout=1200)
+
+
+def test_an_unwritable_out_is_one_line_before_any_work(tmp_path):
+    """Issue 54: --out under a file, in a missing folder, or naming a folder is named at once (before the model
+    is even read: the model here does not exist), in one line, with no traceback."""
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a text\n")
+    cases = {str(a_file / "out.jsonl"): f"{a_file} is a file, not a folder",
+             str(tmp_path / "missing" / "out.jsonl"): f"the folder {tmp_path / 'missing'} does not exist",
+             str(tmp_path): "is a folder; give a file name"}
+    for out, message in cases.items():
+        r = _predict_cli("--model", str(tmp_path / "no-model"), "--input", str(texts), "--out", out)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_input_folder_is_named_as_one(tmp_path):
+    r = _predict_cli("--model", str(tmp_path / "no-model"), "--input", str(tmp_path))
+    assert r.returncode == 2 and f"--input {tmp_path}: is a folder, not a file of texts" in r.stderr
+    r = _predict_cli("--model", str(tmp_path / "no-model"), "--input", str(tmp_path / "nope.txt"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_pipe_is_an_input(toy_linear_run, tmp_path):
+    """`--input <(head -1 f)`: a process substitution (/dev/fd/N, a pipe) answers as a file would."""
+    src = tmp_path / "texts.txt"
+    src.write_text("aw1 aw2 aw3 bw0 common filler\nhw1 hw2 hw3 hw4\n")
+    model = toy_linear_run / "results/toy/xr-linear"
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m xmc_steps.stages.predict --model "{model}" --top-k 1 '
+                        f'--input <(head -1 "{src}")'], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(rows) == 1 and rows[0]["labels"][0]["label"] == "a"

@@ -339,3 +339,19 @@ def test_batches_respect_mlflow_limits():
     assert [x for _, p, _ in pieces for x in p] == params
     assert [x for _, _, t in pieces for x in t] == tags
     assert list(tracking._chunks([], [], [])) == []
+
+
+def test_the_tracking_store_takes_the_umasks_mode(tmp_path):
+    """Issue 54: under umask 002 (a group sharing results/) the SQLite store and its lock are group-writable;
+    SQLite alone makes a new database 0644."""
+    results = tmp_path / "results"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from xmc_steps import tracking; "
+            "tracking.log_stage({'stage': 's', 'rule': 'r', 'dataset': 'd', 'method': 'm', 'config_hash': 'h', "
+            "'wall_s': 1.0, 'params': {}, 'metrics': {'x': 1.0}, 'outputs': {}, 'tags': {}, 'extra': {}})")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(XMC_RESULTS_DIR=str(results), XMC_TRACKING="1", XMC_GIT_COMMIT="feedbeef")
+    r = subprocess.run(["bash", "-c", 'umask 002 && exec "$0" -c "$1"', sys.executable, code], env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr
+    assert (results / "mlflow.db").stat().st_mode & 0o777 == 0o664
+    assert (results / "mlflow.db.lock").stat().st_mode & 0o777 == 0o664

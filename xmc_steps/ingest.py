@@ -99,9 +99,13 @@ def read_label_index(files: DatasetFiles, errors: str) -> tuple[list[str] | None
         for i, x in enumerate(ids, start=1):
             if not x:
                 raise StageError(f"{files.label_ids}:{i}: empty label id")
-        dup = len(ids) - len(set(ids))
-        if dup:
-            raise StageError(f"{files.label_ids}: {dup} duplicated label ids")
+        first: dict[str, int] = {}
+        for i, x in enumerate(ids, start=1):
+            if x in first:
+                dup = len(ids) - len(set(ids))
+                raise StageError(f"{files.label_ids}:{i}: label id {x!r} repeats line {first[x]}"
+                                 + (f" ({dup} duplicated label ids in all)" if dup > 1 else ""))
+            first[x] = i
         if files.label_texts:
             texts, _ = read_lines(files.label_texts, errors)
             _check_same_length(files.label_ids, len(ids), files.label_texts, len(texts),

@@ -183,9 +183,11 @@ def _lock_timeout() -> float:
 def _file_lock(uri: str) -> Iterator[None]:
     import filelock
 
+    from .io import file_mode
+
     path = lock_path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(path), timeout=_lock_timeout())
+    lock = filelock.FileLock(str(path), timeout=_lock_timeout(), mode=file_mode())
     try:
         lock.acquire()
     except filelock.Timeout as e:
@@ -326,7 +328,15 @@ def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
     _quiet_mlflow()
-    if _sqlite_path(uri) is not None and uri not in _OPENED:
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        # SQLite makes a new database (and, after it, its journals) 0644 whatever the umask; made here first,
+        # it gets the umask's mode, so a group that shares results/ (umask 002) can write the store
+        from .io import file_mode
+
+        db.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(db, os.O_CREAT | os.O_WRONLY, file_mode()))
+    if db is not None and uri not in _OPENED:
         # A new database gets MLflow's "Default" experiment through a hand-built INSERT that quotes its
         # artifact location with Python's repr: a results folder with a quote in its path ("bob's set")
         # breaks that SQL.  Opening the store first with a percent-encoded artifact root makes that

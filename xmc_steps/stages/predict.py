@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import io as _io
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -59,6 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_out(path: Path) -> None:
+    """A :class:`PredictError` naming why ``--out`` cannot be written, before any text is answered."""
+    if path.is_dir():
+        raise PredictError(f"--out {path}: is a folder; give a file name (.jsonl, or .parquet for a table)")
+    parent = path.parent
+    for anc in [parent, *parent.parents]:
+        if anc.exists():
+            if not anc.is_dir():
+                raise PredictError(f"--out {path}: {anc} is a file, not a folder")
+            if anc == parent and not os.access(anc, os.W_OK | os.X_OK):
+                raise PredictError(f"--out {path}: no permission to write in {anc}")
+            break
+    if not parent.exists():
+        raise PredictError(f"--out {path}: the folder {parent} does not exist")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -73,8 +90,21 @@ def main(argv: list[str] | None = None) -> int:
                 resolve_device(args.device)
             except (ValueError, RuntimeError) as e:
                 raise PredictError(f"--device {args.device}: {e}") from None
+        if args.out:
+            check_out(Path(args.out))
+        source = Path(args.input) if args.input != "-" else None
+        if source is not None and source.is_dir():
+            raise PredictError(f"--input {source}: is a folder, not a file of texts (one per line)")
+        if source is not None and not source.exists():
+            raise PredictError(f"--input {source}: no such file")
         target = Target.load(args.model)
-        if args.input == "-" and args.ids:
+        if source is not None and not source.is_file():
+            # a pipe (process substitution, /dev/fd/N) is read once: into memory, then counted
+            with open(source, "rb") as fh:
+                data = fh.read()
+            stream, name = _io.BytesIO(data), str(source)
+            total = sum(1 for _ in _io.BytesIO(data))
+        elif args.input == "-" and args.ids:
             # the ids are checked against the number of texts before anything is answered
             data = sys.stdin.buffer.read()
             stream, name = _io.BytesIO(data), "<stdin>"
@@ -82,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.input == "-":
             stream, name, total = sys.stdin.buffer, "<stdin>", None
         else:
-            path = Path(args.input)
-            if not path.is_file():
-                raise PredictError(f"--input {path}: no such file")
+            path = source
             with open(path, "rb") as fh:
                 total = sum(1 for _ in fh)
             stream, name = open(path, "rb"), str(path)
