@@ -36,7 +36,7 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "ingest": _BASE,
     "tfidf": _BASE + ["tfidf"],
     "tokenize": _BASE + ["encoders.{enc}"],
-    "embed_pretrained": _BASE + ["encoders.{enc}"],
+    "embed_pretrained": _BASE + ["encoders.{enc}", "xtransformer.embed"],
     "label_embedding_pifa_tfidf": _BASE + ["tfidf"],
     "label_embedding_pifa_neural": _BASE + ["encoders.{enc}"],
     "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],

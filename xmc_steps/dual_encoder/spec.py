@@ -94,9 +94,9 @@ SPEC = MethodSpec(
             ("dual_encoder.ranker", "xmc_steps.dual_encoder.params:DualEncoderRankerParams", ())),
     rule_settings={
         "dual_encoder_train": _MODEL,
-        "dual_encoder_predict": _MODEL,
-        "dual_encoder_ranker": _MODEL + ["dual_encoder.ranker"],
-        "dual_encoder_ranker_predict": _MODEL + ["dual_encoder.ranker"],
-        "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder"]},
+        "dual_encoder_predict": _MODEL + ["evaluate.topk"],
+        "dual_encoder_ranker": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
+        "dual_encoder_ranker_predict": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
+        "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder", "evaluate.topk"]},
     patterns={"DUAL_ENCODER": DUAL_ENCODER, "DUAL_ENCODER_RANKER": DUAL_ENCODER_RANKER,
               "DUAL_ENCODER_ENSEMBLE": DUAL_ENCODER_ENSEMBLE})

@@ -101,7 +101,9 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
 
 #: what both training stages and prediction read
 _STAGES = TREE_SETTINGS + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train",
-                           "elias.stage1", "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback"]
+                           "elias.stage1", "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback",
+                           "elias.head_init", "elias.head_init_l2", "elias.head_init_scale", "elias.head_refit",
+                           "elias.head_refit_select", "elias.allow_weak"]
 
 
 def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -121,9 +123,9 @@ SPEC = MethodSpec(
     rule_settings={
         "elias_stage1": _STAGES,
         "elias_stage2": _STAGES + ["elias.stage2"],
-        "elias_predict": _STAGES + ["elias.stage2", "elias.predict"],
-        "elias_plus_ranker": TREE_SETTINGS + ["encoders.{enc}", "elias"],
-        "elias_plus_calibrate": TREE_SETTINGS + ["encoders.{enc}", "elias"],
-        "elias_plus_predict": TREE_SETTINGS + ["encoders.{enc}", "elias"],
-        "elias_ensemble": TREE_SETTINGS + ["encoders", "elias"]},
+        "elias_predict": _STAGES + ["elias.stage2", "elias.predict", "elias.plus.n_candidates", "evaluate.topk"],
+        "elias_plus_ranker": TREE_SETTINGS + ["encoders.{enc}", "elias", "evaluate.topk"],
+        "elias_plus_calibrate": TREE_SETTINGS + ["encoders.{enc}", "elias", "evaluate.topk"],
+        "elias_plus_predict": TREE_SETTINGS + ["encoders.{enc}", "elias", "evaluate.topk"],
+        "elias_ensemble": TREE_SETTINGS + ["encoders", "elias", "evaluate.topk"]},
     patterns={"ELIAS": ELIAS, "ELIAS_STAGE": ELIAS_STAGE, "ELIAS_PLUS": ELIAS_PLUS, "ELIAS_ENSEMBLE": ELIAS_ENSEMBLE})

@@ -70,5 +70,5 @@ SPEC = MethodSpec(
     trees=trees,
     params=(("gudn", "xmc_steps.gudn.params:GUDNParams", ()),),   # gudn.backbone: LightXMLParams
     rule_settings={"gudn_train": TREE_SETTINGS + ["encoders.{enc}", "gudn"],
-                   "gudn_predict": TREE_SETTINGS + ["encoders.{enc}", "gudn"]},
+                   "gudn_predict": TREE_SETTINGS + ["encoders.{enc}", "gudn", "evaluate.topk"]},
     patterns={"GUDN": GUDN})

@@ -128,6 +128,6 @@ SPEC = MethodSpec(
     trees=trees,
     params=(("lightxml", "xmc_steps.lightxml.params:LightXMLParams", ()),),
     rule_settings={"lightxml_train": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
-                   "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
-                   "lightxml_ensemble": TREE_SETTINGS + ["encoders", "lightxml"]},
+                   "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],
+                   "lightxml_ensemble": TREE_SETTINGS + ["encoders", "lightxml", "evaluate.topk"]},
     patterns={"LIGHTXML": LIGHTXML, "LIGHTXML_ENSEMBLE": LIGHTXML_ENSEMBLE})

@@ -179,8 +179,8 @@ SPEC = MethodSpec(
                                                          "xtransformer.matcher.scorer", "xtransformer.fit_on"],
         "matcher": TREE_SETTINGS + ["encoders.{enc}", "xtransformer.matcher"],
         "xtransformer_ranker": _XT + [("xtransformer.ranker", PREDICT_ONLY)],
-        "xtransformer_predict": _XT + ["xtransformer.ranker"],
-        "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer"],
-        "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer"]},
+        "xtransformer_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
+        "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer", "evaluate.topk"],
+        "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer", "evaluate.topk"]},
     patterns={"XT_TREE": XT_TREE, "XT_LINEAR": XT_LINEAR, "XT": XT, "XT_MATCHER": XT_MATCHER, "XT_RANKER": XT_RANKER,
               "XT_PREDICT": XT_PREDICT, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})
