@@ -15,6 +15,13 @@ def _no_tracking_by_default(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_gpu_claims_by_default(monkeypatch):
+    """The test process claims no GPU (xmc_steps.devices.claim_gpus) unless a test opts in: on a GPU
+    machine it would narrow CUDA_VISIBLE_DEVICES for the rest of the session."""
+    monkeypatch.setenv("XMC_GPU_CLAIM", "0")
+
+
+@pytest.fixture(autouse=True)
 def _seeded_global_rngs():
     """Each test starts from the same state of the global RNGs (torch, numpy, random), whatever ran
     before it: a test that draws from them (a model's random start) then sees the same numbers alone or
