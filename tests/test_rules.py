@@ -60,7 +60,7 @@ def _shell_lines(text: str):
     """The string literals of every ``shell:`` block and of the module-level ``*_ARGS`` pieces of a rule file."""
     for m in re.finditer(r"(?m)^\s+shell:\n((?:\s{8}.*\n?)+)", text):
         yield from re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))
-    for m in re.finditer(r"(?m)^[A-Z_]+_ARGS = \(?((?:.*\n)*?.*\"\)?)\s*$", text):
+    for m in re.finditer(r"(?m)^[A-Z_]+_ARGS = (\((?:[^()]|\n)*\)|\".*\")", text):
         yield from re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))
 
 

@@ -40,7 +40,7 @@ PY = sys.executable
 # the stage harness's common flags (xmc_steps.stage.add_common_args), ending every stage's shell line;
 # a rule adds --method and --threads where they apply
 STAGE_ARGS = ("--params {params.settings:q} --record {output.record:q} --log {log:q} --dataset {wildcards.dataset} "
-              "--rule {rule} --config-hash {params.hash}")
+              "--rule {rule} --config-hash {params.hash:q}")
 DATA = config["data_dir"]
 RES = config["results_dir"]
 # before Snakemake plans: the artifacts made from one that is missing go, so the plan rebuilds the chain
