@@ -249,7 +249,7 @@ TABLE = (
 
 #: (dataset, setting): (the overlay's value, why) where config.paper.yaml runs something else than the
 #: paper's value: "code: ..." (the authors' code) or "ours: ..."; the leaderboard names the same
-#: (xmc_steps.papers.PAPER_MODE_DEPARTURES, checked below)
+#: (workflow/paper_departures.json, checked below)
 DEPARTURES = {
     ("wiki500k", "xtransformer share of train trained on"): (
         0.997, "ours: one carve per dataset, ELIAS's 5,000 held-out calibration documents (split.valid_size); "
@@ -472,3 +472,19 @@ def test_the_departures_are_named_where_a_user_looks():
     for (dataset, setting), (_, why) in DEPARTURES.items():
         section = setting.split(".")[0].split(" ")[0]
         assert paper_mode_departures(section, dataset), f"{dataset} {section}: no departure listed in xmc_steps.papers"
+
+
+def test_the_departures_file_cites_what_the_papers_have():
+    """workflow/paper_departures.json names config.paper.yaml's method sections and datasets, and its
+    citations are checked as the overlay's."""
+    from xmc_steps import io
+    from xmc_steps.leaderboard import PAPER_SECTIONS
+
+    data = io.read_json(ROOT / "workflow" / "paper_departures.json")
+    paper, _ = _merged()
+    for section, by_dataset in ((k, v) for k, v in data.items() if not k.startswith("_")):
+        assert section in set(PAPER_SECTIONS.values()), section
+        for dataset, texts in by_dataset.items():
+            assert dataset == "*" or section in (paper["datasets"].get(dataset) or {}), (section, dataset)
+            for t in texts:
+                assert not citation_errors(t, OVERLAY_PAPERS.get(section)), (section, dataset, t)

@@ -17,8 +17,8 @@ The paper's settings (``--paper-config config.yaml config.paper.yaml``): a row w
 marked ``paper settings: yes`` only when its results file's effective settings are those of the two
 files merged for its dataset and method and config.paper.yaml has that method's section for the
 dataset (:func:`paper_settings`), with what paper mode itself still runs that is not the paper's
-(``paper_departures``, :data:`xmc_steps.papers.PAPER_MODE_DEPARTURES`); otherwise ``no``, with the reason under the table, so that no
-paper figure stands unmarked beside a run of other settings (config.yaml's debtags-sized defaults,
+(``paper_departures``, ``workflow/paper_departures.json``); otherwise ``no``, with the reason under the
+table, so that no paper figure stands unmarked beside a run of other settings (config.yaml's debtags-sized defaults,
 another encoder, an override).
 
 Run-to-run noise: with ``seeds: [0, 1, 2]`` in a dataset's settings, ``results/<dataset>/seeds/<method>.json``
