@@ -103,6 +103,23 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
     meta = io.read_json(tmp_path / "cal3" / "calibration.json")
     assert meta["calibrate_top"] == 3 and meta["n_fit"] == 3 * n
     assert np.all(np.diff(io.read_predictions(tmp_path / "pred3.parquet", L).indptr) == 3)
+    assert io.read_json(tmp_path / "cal" / "calibration.json")["n_fit_docs"] == n   # calibrate_docs null: all
+    # calibrate_docs (ELIAS §3.5: 5,000 points) fits on that many validation documents; max_depth null: sklearn's
+    # default tree, grown until its leaves are pure (§3.5's "standard decision tree")
+    run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
+        "--out", str(tmp_path / "cal40"), "--params", '{"n_candidates": 5, "calibrate_docs": 40, "max_depth": null}')
+    meta = io.read_json(tmp_path / "cal40" / "calibration.json")
+    assert meta["n_fit_docs"] == 40 and meta["n_fit"] == 5 * 40 and meta["max_depth"] is None
+
+
+def test_calibration_rows_are_a_seeded_sample():
+    from xmc_steps.elias_plus import calibration_rows
+
+    assert calibration_rows(100, None) is None and calibration_rows(100, 100) is None and calibration_rows(10, 5000) is None
+    r = calibration_rows(100, 30, seed=1)
+    assert len(r) == 30 and len(set(r.tolist())) == 30 and np.all(np.diff(r) > 0)
+    assert np.array_equal(r, calibration_rows(100, 30, seed=1)) and not np.array_equal(r, calibration_rows(100, 30, seed=2))
+    assert EliasPlusParams().calibrate_docs is None and EliasPlusParams().max_depth == 5
 
 
 def test_valid_bench_scores_each_row_with_a_tree_fit_on_the_other_folds(monkeypatch):

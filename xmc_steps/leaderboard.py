@@ -16,8 +16,9 @@ With ``--tables`` it writes the cross-dataset table (one block per dataset, the 
 The paper's settings (``--paper-config config.yaml config.paper.yaml``): a row with a paper figure is
 marked ``paper settings: yes`` only when its results file's effective settings are those of the two
 files merged for its dataset and method and config.paper.yaml has that method's section for the
-dataset (:func:`paper_settings`); otherwise ``no``, with the reason under the table, so that no
-paper figure stands unmarked beside a run of other settings (config.yaml's debtags-sized defaults,
+dataset (:func:`paper_settings`), with what paper mode itself still runs that is not the paper's
+(``paper_departures``, ``workflow/paper_departures.json``); otherwise ``no``, with the reason under the
+table, so that no paper figure stands unmarked beside a run of other settings (config.yaml's debtags-sized defaults,
 another encoder, an override).
 
 Run-to-run noise: with ``seeds: [0, 1, 2]`` in a dataset's settings, ``results/<dataset>/seeds/<method>.json``
@@ -39,7 +40,7 @@ from . import io
 from . import config as xcfg
 from . import registry
 from .registry import split_method
-from .papers import select_reported
+from .papers import paper_mode_departures, select_reported
 
 METRICS = ["p_at_1", "p_at_3", "p_at_5", "ndcg_at_1", "ndcg_at_3", "ndcg_at_5", "psp_at_1", "psp_at_3", "psp_at_5",
            "recall_at_10", "recall_at_20", "recall_at_100"]
@@ -131,9 +132,12 @@ def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | 
             row[f"paper_{k}"] = paper.get(k)
         row["paper_source"] = paper.get("source")
         row["paper_note"] = paper.get("note")
-        row["paper_settings"], row["paper_settings_why"] = None, None
+        row["paper_settings"], row["paper_settings_why"], row["paper_departures"] = None, None, None
         if paper_config is not None and row["paper_p_at_1"] is not None:
             row["paper_settings"], row["paper_settings_why"] = paper_settings(r, *paper_config)
+            if row["paper_settings"]:    # what the paper's settings still leave ours (xmc_steps.papers)
+                row["paper_departures"] = "; ".join(paper_mode_departures(
+                    PAPER_SECTIONS.get(split_method(r["method"])[0], ""), r["dataset"])) or None
         rows.append(row)
     rows.sort(key=lambda x: -x["p_at_1"])
     return rows
@@ -230,12 +234,13 @@ def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
     for r in rows:
         out.append("| " + " | ".join(_seed_cell(r) if c == "seeds_p_at_1" else _settings_cell(r) if c == "paper_settings"
                                      else _fmt(r[c], 1 if c in ("train_time_s", "model_size_mb") else 2) for c in cols) + " |")
-    sources = sorted({(r["method"], r["paper_source"], r.get("paper_note"), r.get("paper_settings_why"))
-                      for r in rows if r["paper_source"]}, key=lambda x: x[0])
+    sources = sorted({(r["method"], r["paper_source"], r.get("paper_note"), r.get("paper_settings_why"),
+                       r.get("paper_departures")) for r in rows if r["paper_source"]}, key=lambda x: x[0])
     if sources:
         out += ["", "Papers' figures (a paper's figure stands beside our run of the same target; 'paper's settings: no' "
                 "marks a run that did not use config.yaml + config.paper.yaml's settings for it):"]
-        out += [f"- {m}: {s}" + (f"; {n}" if n else "") + (f"; ours: {w}" if w else "") for m, s, n, w in sources]
+        out += [f"- {m}: {s}" + (f"; {n}" if n else "") + (f"; ours: {w}" if w else "")
+                + (f"; paper mode's own: {d}" if d else "") for m, s, n, w, d in sources]
     out += ["", "![P@k](leaderboard.png)", "![recall@k](leaderboard_recall.png)",
             "![decile-wise recall@100](leaderboard_deciles.png)", ""]
     return "\n".join(out)

@@ -44,6 +44,14 @@ def load_tokens(tokens_dir: str | os.PathLike, splits: Iterable[str]) -> dict[st
     return out
 
 
+def train_split_only(train: Any, method: str, why: str = "") -> None:
+    """A stage that trains on the train split alone refuses ``train.fit_valid`` (LightXML's and GUDN's
+    training take it) with a :class:`StageError` saying so, and why."""
+    if getattr(train, "fit_valid", False):
+        raise StageError(f"train.fit_valid: {method} trains on the train split only{why}; set it false "
+                         "(split.valid_size carves fewer validation documents)")
+
+
 @contextlib.contextmanager
 def training_device(st, params: Any) -> Iterator[torch.device]:
     """Set ``params.threads`` (torch intra-op threads, when given), resolve ``params.device`` (already

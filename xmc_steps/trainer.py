@@ -142,12 +142,14 @@ class TrainParams(Params):
     seed: int = bounded(0, ge=0)
     length_bucket: int = bounded(0, ge=0)  # > 0: batches of similar lengths from windows of this many batches (Trainer)
     schedule: Schedule = "linear"  # after the warm-up: linear (decay to 0 at the last step) | constant (LightXML)
+    fit_valid: bool = False       # true: train on train + valid, every training document (the valid ones are then
+                                  # also trained on: its curves and guards measure the fit); LightXML and GUDN only
 
     _what = "training parameter"
 
     # fields that change the training trajectory (a checkpoint under other values is not resumed)
     TRAJECTORY = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed",
-                  "length_bucket", "schedule")
+                  "length_bucket", "schedule", "fit_valid")
 
     @property
     def is_resolved(self) -> bool:
@@ -172,7 +174,7 @@ SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 #: the trajectory values of a default recipe (a checkpoint of an earlier version lacks the newer keys)
-_TRAJECTORY_DEFAULTS = {"schedule": "linear"}
+_TRAJECTORY_DEFAULTS = {"schedule": "linear", "fit_valid": False}
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str = "linear") -> float:

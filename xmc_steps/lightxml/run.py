@@ -57,10 +57,12 @@ class TrainingData:
 
 def load_training_data(tokens_dir: str | os.PathLike, labels_train: str | os.PathLike,
                        labels_valid: str | os.PathLike, tree: str | os.PathLike | None,
-                       flat_max_labels: int) -> TrainingData:
+                       flat_max_labels: int, fit_valid: bool = False) -> TrainingData:
     """``tokens_{train,valid}.npz`` of ``tokens_dir``, the label matrices and, when the label set is
     larger than ``flat_max_labels``, the clusters of the finest level of ``tree``; the shapes checked
-    against each other.  Anything missing or inconsistent is a :class:`StageError` naming it."""
+    against each other.  Anything missing or inconsistent is a :class:`StageError` naming it.
+    ``fit_valid`` (``train.fit_valid``): the training split is train + valid, every training document
+    (the valid split stays the validation documents, now also trained on)."""
     tokens = load_tokens(tokens_dir, ("train", "valid"))
     try:
         Y_train, Y_valid = io.load_csr(labels_train), io.load_csr(labels_valid)
@@ -86,6 +88,11 @@ def load_training_data(tokens_dir: str | os.PathLike, labels_train: str | os.Pat
             raise StageError(f"Y_{name} has {Y.shape[1]} labels but Y_train has {L}")
         if Y.shape[0] != len(tokens[name]):
             raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
+    if fit_valid:
+        tokens = {**tokens, "train": neural.TokenData(
+            np.concatenate([tokens["train"].input_ids, tokens["valid"].input_ids]),
+            np.concatenate([tokens["train"].lengths, tokens["valid"].lengths]))}
+        Y_train = sp.vstack([Y_train, Y_valid], format="csr")
     return TrainingData(tokens, Y_train, Y_valid, cluster_of, K)
 
 

@@ -46,7 +46,7 @@ from ..dual_encoder.train import frequency_prior, train_dual_encoder, valid_metr
 from ..errors import StageError
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, stage_params,
-                            training_device)
+                            train_split_only, training_device)
 from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
 
 #: what a training run writes into its output folder (besides the stage's record)
@@ -93,6 +93,7 @@ def _train_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     with stage_run("dual_encoder_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = _params(st, "dual_encoder_train")
+        train_split_only(params.train, "the dual encoder")
         if bool(args.linear_model) != bool(args.tfidf_valid):
             raise StageError("--linear-model and --tfidf-valid go together (the guard's linear tree on the valid "
                              "split)")

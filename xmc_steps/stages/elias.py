@@ -42,7 +42,7 @@ from ..elias.train import train_elias
 from ..errors import StageError
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, save_trained,
-                            stage_params, training_device)
+                            stage_params, train_split_only, training_device)
 from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
 from ..trainer import digest, list_checkpoints
 
@@ -106,6 +106,7 @@ def _train_main(args: argparse.Namespace) -> None:
         ["clusters_train.npz"] if stage == 1 else [])
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in names]) as st:
         params = _parse_params(st, args, f"elias_stage{stage}")
+        train_split_only(params.train, "ELIAS", " (ELIAS++'s ranker and its calibration need held-out validation documents)")
         with st.timed("load"):
             tokens = load_tokens(args.tokens_dir, ("train", "valid"))
             Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)

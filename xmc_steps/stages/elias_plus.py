@@ -85,10 +85,17 @@ def _calibrate_cli(args) -> None:
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
         W, meta = elias_plus.load_ranker(args.model)
         p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]),
-                                       **{k: v for k, v in st.params.items() if k in ("max_depth", "seed", "calibrate_top")}})
+                                       **{k: v for k, v in st.params.items() if k in ("max_depth", "seed", "calibrate_top",
+                                                                                       "calibrate_docs")}})
         L = meta["n_labels"]
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
+        rows = elias_plus.calibration_rows(Xr.shape[0], p.calibrate_docs, p.seed)
+        if rows is not None:
+            st.log.info("calibration on %d of the %d validation documents (calibrate_docs, seed %d)",
+                        len(rows), Xr.shape[0], p.seed)
+            Xr, cand, Y = Xr[rows], cand[rows], Y[rows]
+        st.metric("n_fit_docs", Xr.shape[0])
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
         cand, F, _ = elias_plus.calibration_inputs(cand, h, elias_plus.uncalibrated_scores(cand.data, h, p), p,
                                                    elias_plus.label_train_freq(args.model))
@@ -99,6 +106,7 @@ def _calibrate_cli(args) -> None:
             io.save_arrays(tmp / "calibration.npz", **tree)
             io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth,
                                                      "calibrate_top": p.calibrate_top, "n_fit": int(len(y)),
+                                                     "n_fit_docs": int(Xr.shape[0]),
                                                      "positives": int(y.sum()),
                                                      "features": ["ranker_margin", "elias_score", "label_train_freq"]})
         st.output("calibration", out)

@@ -88,7 +88,7 @@ def _train_main(args: argparse.Namespace) -> None:
         _cap_layers(st, params.backbone)
         with st.timed("load"):
             data = load_training_data(args.tokens_dir, args.labels_train, args.labels_valid, args.tree,
-                                      params.backbone.flat_max_labels)
+                                      params.backbone.flat_max_labels, params.backbone.train.fit_valid)
         backbone, width = fit_params(params.backbone, data)
         own = {k: v for k, v in st.params.items() if k != "backbone"}
         st.params.clear()

@@ -40,7 +40,7 @@ def _train_main(args: argparse.Namespace) -> None:
         params = _parse_params(st, args, "lightxml_train")
         with st.timed("load"):
             data = load_training_data(args.tokens_dir, args.labels_train, args.labels_valid, args.tree,
-                                      params.flat_max_labels)
+                                      params.flat_max_labels, params.train.fit_valid)
         params, width = fit_params(params, data)
         st.params.clear()
         st.params.update(params.to_dict())

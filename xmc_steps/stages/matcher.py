@@ -56,7 +56,7 @@ from .. import encoders, io, neural
 from ..curves import CurveLog, plot_curve
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, record_training, remove_checkpoints, save_trained, stage_params,
-                           training_device)
+                           train_split_only, training_device)
 from ..stage import StageError, add_common_args, cli_main, stage_run
 from ..xtransformer.guard import top1_precision
 from ..xtransformer.matcher import (FORMAT, cluster_targets, finish_matcher, head_linear_topb, load_cluster_assignment,
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{k}_{s}.npz" for k in ("emb", "clusters") for s in SPLITS]
     with stage_run("matcher", args, outputs=[str(out / n) for n in names]) as st:
         params = stage_params(st, MatcherParams, "matcher", "xtransformer.matcher")
+        train_split_only(params.train, "the X-Transformer matcher", " (its rankers: xtransformer.fit_on)")
         st.params.clear()
         st.params.update(params.to_dict())
         with st.timed("load"):

@@ -97,10 +97,16 @@ def xt_spec(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
     return spec
 
 
+def index_encoder(settings: Mapping[str, Any], enc: str) -> str:
+    """The encoder key of a member's pifa-neural and text-emb indexing: ``xtransformer.embed.encoder``
+    (one pre-trained encoder for every member: §3.2's XLNet), or the member's own matcher encoder ``enc``."""
+    return (settings["xtransformer"].get("embed") or {}).get("encoder") or enc
+
+
 def xt_members(settings: Mapping[str, Any], variant: str | None) -> list[XTMember]:
     spec = xt_spec(settings, variant)
     tree = tree_name(settings["xtransformer"]["cluster"], settings["cluster"]["seed"])
-    return [XTMember(emb_name(ix, enc), tree, enc, spec["ranker_input"], spec["negatives"],
+    return [XTMember(emb_name(ix, index_encoder(settings, enc)), tree, enc, spec["ranker_input"], spec["negatives"],
                      spec["candidates"], spec["combiner"])
             for ix in spec["indexing"] for enc in spec["encoders"]]
 
@@ -122,7 +128,8 @@ def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | 
     for m in members:
         idx = at(res, INDEX, dataset=dataset, emb=m.emb)
         if m.emb.startswith("pifa-neural"):
-            out.append(at(res, PRETRAINED, dataset=dataset, enc=m.enc, maxlen=xt["embed"]["max_length"]) + "/" + RECORD)
+            out.append(at(res, PRETRAINED, dataset=dataset, enc=index_encoder(settings, m.enc),
+                          maxlen=xt["embed"]["max_length"]) + "/" + RECORD)
         fit = "+".join(xt["fit_on"])
         out += [f"{idx}/{record(LABEL_EMB)}", f"{idx}/{record(m.tree)}"]
         for f in dict.fromkeys(("train", fit)):
@@ -136,8 +143,10 @@ def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | 
 
 
 def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-    return [(f"xtransformer.encoders[{i}]", k)
-            for i, k in enumerate((settings.get("xtransformer") or {}).get("encoders") or [])]
+    xt = settings.get("xtransformer") or {}
+    embed = (xt.get("embed") or {}).get("encoder")
+    return [(f"xtransformer.encoders[{i}]", k) for i, k in enumerate(xt.get("encoders") or [])] + (
+        [("xtransformer.embed.encoder", embed)] if embed else [])
 
 
 def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | None) -> dict[str, Any]:
