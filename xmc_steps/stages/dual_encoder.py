@@ -16,7 +16,7 @@ which it tokenizes with the encoder's tokenizer at ``label_max_length``.  It wri
 ``dual_encoder.json`` (format, encoder, pooling, dim, L, the widths, the parameters, the validation figures
 next to the baselines'), ``label_emb.npz`` (``emb``: the trained label embeddings, L x dim),
 ``label_index.faiss`` (the search index over them, :mod:`xmc_steps.ann`: exact or HNSW by ``search`` and
-``exact_max_labels``), ``guard.json`` (the guard's numbers: :mod:`xmc_steps.dual_encoder.guard`) and
+``exact_max_labels``), ``guard.json`` (the guard's numbers: :mod:`xmc_steps.guard`) and
 ``curve.png`` (valid recall@w and P@1 over the steps, the baselines as lines).  The stage fails when the model's valid
 recall@w is below the most frequent labels' or, with ``--linear-model`` (XR-Linear over the shared tree, fit
 on train) and ``--tfidf-valid``, below the linear tree's index at the same budget (``allow_weak: true`` makes
@@ -38,12 +38,12 @@ import numpy as np
 
 from .. import encoders, io, neural
 from ..curves import CurveLog, plot_curve
-from ..dual_encoder.guard import check, guard_width, linear_valid, message, report_dict
 from ..dual_encoder.model import (JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, encode,
                                   label_tokens, load_dual_encoder, load_label_index, predict, save_dual_encoder)
 from ..dual_encoder.params import DualEncoderParams
-from ..dual_encoder.train import frequency_prior, train_dual_encoder, valid_metrics
+from ..dual_encoder.train import GUARD_ADVICE, frequency_prior, train_dual_encoder, valid_metrics
 from ..errors import StageError
+from ..guard import check, enforce, guard_width, linear_tree_valid, message, report_dict
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, stage_params,
                             training_device)
@@ -167,10 +167,11 @@ def _train_main(args: argparse.Namespace) -> None:
             with st.timed("guard"):
                 lin_index = lin_ranked = beam = None
                 if args.linear_model:
-                    lin_index, lin_ranked, beam = linear_valid(args.linear_model, args.tfidf_valid, w,
-                                                               len(tokens["valid"]))
+                    lin_index, lin_ranked, beam = linear_tree_valid(args.linear_model, args.tfidf_valid, w,
+                                                                    len(tokens["valid"]))
                 try:
-                    report, _ = check(top, Y_valid, Y_train, params.topk, lin_index, lin_ranked, m["p_at_1"])
+                    report, _ = check(top, Y_valid, Y_train, params.topk, lin_index, lin_ranked, m["p_at_1"],
+                                      advice=GUARD_ADVICE)
                 except ValueError as e:
                     raise StageError(str(e)) from e
             for k, v in m.items():
@@ -197,11 +198,7 @@ def _train_main(args: argparse.Namespace) -> None:
                        lines, ("final, all valid", report.shortlist),
                        f"dual encoder ({params.loss}, {params.batching}): L = {L}", "valid metric")
             st.output("curve", out / CURVE)
-            msg = message(report)
-            if msg is not None:
-                if not params.allow_weak:
-                    raise StageError(msg)
-                st.log.warning("%s (continuing: dual_encoder.allow_weak is true)", msg)
+            enforce(message(report), params.allow_weak, "dual_encoder", st.log)
             meta = {"encoder": params.encoder, "max_length": width, "label_max_length": params.label_max_length,
                     "params": params.to_dict(), "train_steps": trainer.step, "n_train": n, "device": str(device),
                     "valid": m, "valid_prior": prior, "valid_start": start, "guard": report_dict(report)}

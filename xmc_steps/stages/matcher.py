@@ -58,6 +58,7 @@ from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (load_tokens, record_training, remove_checkpoints, save_trained, stage_params,
                            training_device)
 from ..stage import StageError, add_common_args, cli_main, stage_run
+from ..guard import enforce
 from ..xtransformer.guard import top1_precision
 from ..xtransformer.matcher import (FORMAT, cluster_targets, finish_matcher, head_linear_topb, load_cluster_assignment,
                                    topb_from_emb, train_matcher)
@@ -212,10 +213,7 @@ def main(argv: list[str] | None = None) -> None:
                        {f"{name} recall@{report.b}": v for name, v in report.baselines.items()},
                        ("final, all valid", report.matcher), f"matcher over K = {K} clusters", "valid cluster metric")
             st.output("curve", out / CURVE)
-            if not report.passed:
-                if not params.allow_weak:
-                    raise StageError(report.message())
-                st.log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", report.message())
+            enforce(None if report.passed else report.message(), params.allow_weak, "xtransformer.matcher", st.log)
             meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                     "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
                     "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
