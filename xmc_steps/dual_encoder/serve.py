@@ -1,7 +1,8 @@
 """The dual encoder's predictor for :mod:`xmc_steps.serving` (``python -m xmc_steps.stages.predict``): the
 texts' embeddings searched against the label embeddings (the index built once per process), as the predict
 stage scores the test split; ``dual-encoder-ranker`` re-ranks that shortlist with the per-label classifiers
-as its stage does (uncalibrated), and ``dual-encoder-ensemble`` averages it with xr-linear's scores."""
+as its stage does (uncalibrated; ELIAS++'s one re-rank, :func:`xmc_steps.elias_plus.predict`), and
+``dual-encoder-ensemble`` averages it with xr-linear's scores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import scipy.sparse as sp
 
 from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
-from ..ranker import ranker_features
 from ..serving import Features, Target, cached, ensemble_of
 from .model import JSON, encode, load_dual_encoder, load_label_index, scores_of, search_labels
 from .spec import DUAL_ENCODER_RANKER, model_dir
@@ -38,11 +38,10 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         P, emb = _nearest(t, f, k100, device)
         rdir = Path(model_dir(t.res, t.dataset, t.settings, DUAL_ENCODER_RANKER)) / "model"
         t.need(rdir / "ranker.json")
-        W, rmeta = cached(("dual-encoder-ranker", str(rdir)), lambda: elias_plus.load_ranker(rdir))
-        p = elias_plus.EliasPlusParams.from_dict({**elias_plus.EliasPlusParams.upgrade(rmeta["params"]), "topk": k100,
-                                                  "uncalibrated": t.settings["dual_encoder"]["ranker"]["uncalibrated"]})
-        Xr = ranker_features(f.tfidf, emb, "tfidf+neural", p.neural_weight)
-        return elias_plus.plus_scores(Xr, W, elias_plus.candidates(P, p.n_candidates), p, None, None)
+        ranker = cached(("dual-encoder-ranker", str(rdir)), lambda: elias_plus.load_ranker(rdir))
+        return elias_plus.predict(rdir, f.tfidf, emb, P, {"topk": k100, "uncalibrated":
+                                                          t.settings["dual_encoder"]["ranker"]["uncalibrated"]},
+                                  ranker=ranker)[0]
     if variant == "ensemble":
         from ..xr_linear.serve import scores as xr_linear_scores
 

@@ -6,8 +6,9 @@ the sizes from the data, the linear start, choosing the defaults, the guard; the
 Files: :mod:`.params` (:class:`EliasParams`), :mod:`.model` (the network, the index
 initialisation of Eqs. 9-10, inference, saving and loading), :mod:`.loss` (:func:`elias_loss`),
 :mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation), :mod:`.run` (a training run as its
-stage runs it: inputs, model, training, guard, outputs), :mod:`.serve` (serving's predictor); the guard is
-the shared :mod:`xmc_steps.guard`; the stage is :mod:`xmc_steps.stages.elias`
+stage runs it: inputs, model, training, guard, outputs), :mod:`.serve` (the one prediction path of a
+trained folder, the predict stage's and serving's: :class:`~.serve.PredictParams`, :func:`~.serve.predict`);
+the guard is the shared :mod:`xmc_steps.guard`; the stage is :mod:`xmc_steps.stages.elias`
 (``python -m xmc_steps.stages.elias``).
 """
 

@@ -31,6 +31,7 @@ from ..trainer import digest, list_checkpoints
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights,
                     init_adjacency, linear_start, partition_start, predict, refit_heads, shortlist_metrics)
 from .params import EliasParams
+from .serve import saved_predict_params
 from .train import train_elias
 
 
@@ -97,8 +98,8 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
     """Train ELIAS stage ``stage`` into ``out`` (:func:`outputs`): the inputs read and checked, the
     parameters resolved for them, the model built (stage 1: ``A`` from the tree; stage 2: from stage 1,
     Eqs. 9-10), its linear start, training, stage 1's head re-fit, the guard (:mod:`xmc_steps.guard`;
-    a :class:`StageError` unless ``params.allow_weak``), the model saved, the curve and, in stage 1,
-    Eq. 9's ``M``.
+    a :class:`StageError` unless ``params.allow_weak``), the model saved with its prediction parameters
+    (:func:`xmc_steps.elias.serve.saved_predict_params`), the curve and, in stage 1, Eq. 9's ``M``.
     ``st`` is the stage's context; the checkpoints (``out/checkpoints``) are removed once every output
     is written."""
     out = Path(out)
@@ -278,7 +279,7 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
                 "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
                 "train_steps": trainer.step, "n_train": len(tokens["train"]), "device": str(trainer.device),
                 "init": str(files.init) if stage == 2 else None, "labels_unreachable": unreachable,
-                "valid": m}
+                "valid": m, "predict": saved_predict_params(params, model).to_dict()}
         save_trained(st, out, model, "elias.json", meta, FORMAT)
         if stage == 1:
             with st.timed("clusters_train"):

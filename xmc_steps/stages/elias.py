@@ -20,7 +20,9 @@ shortlist's top-``shortlist_topk`` (default ``topk``) labels by ``yhat``, and th
 pass divided by the number of documents (amortised over ``eval_batch_size`` batches).
 
 The training run is :func:`xmc_steps.elias.run.run_training` (as LightXML's is
-:func:`xmc_steps.lightxml.run.run_training`).
+:func:`xmc_steps.lightxml.run.run_training`); the prediction is :func:`xmc_steps.elias.serve.predict`,
+serving's too: the parameters saved with the model (``elias.json``'s ``predict``), overridden by the
+rule's settings.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import argparse
 from pathlib import Path
 
 from .. import io
-from ..elias.model import load_elias, predict
 from ..elias.params import EliasParams
 from ..elias.run import TrainingFiles, outputs, run_training
+from ..elias.serve import PredictParams, load, predict
 from ..neural_stage import prediction_inputs, stage_params
 from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
 
@@ -54,23 +56,23 @@ def _train_main(args: argparse.Namespace) -> None:
 def _predict_main(args: argparse.Namespace) -> None:
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
+        overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _parse_params(st, args, "elias_predict")
         meta, tokens, device = prediction_inputs(st, params, args.model, "elias.json", args.tokens)
         with st.timed("load"):
-            model = load_elias(args.model, device)
-        b = params.b if params.b is not None else model.b
-        K = params.K if params.K is not None else model.K
-        st.params.update({"b": b, "K": K, "topk": params.topk, "shortlist_topk": params.shortlist_topk or params.topk,
-                          "yhat_power": params.yhat_power, "model": str(args.model), "stage": meta.get("stage")})
+            model = load(args.model, device)
         with st.timed("predict"):
-            r = predict(model, tokens, params.topk, b, K, params.eval_batch_size, device, params.amp,
-                        params.shortlist_topk, with_emb=True, progress=st.log.info, yhat_power=params.yhat_power)
+            r = predict(args.model, tokens, overrides, device, progress=st.log.info, model=model)
+        p = r["params"]
+        shortlist_topk = p.shortlist_topk or p.topk
+        st.params.update({**p.to_dict(), "shortlist_topk": shortlist_topk, "model": str(args.model),
+                          "stage": meta.get("stage")})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
-        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+        st.predictions(args.out, r["scores"], p.topk, r["seconds"])
         io.save_arrays(args.emb_out, emb=r["emb"])
         st.output("emb", args.emb_out)
         if args.shortlist_out:
-            io.write_predictions(args.shortlist_out, r["shortlist"], params.shortlist_topk or params.topk)
+            io.write_predictions(args.shortlist_out, r["shortlist"], shortlist_topk)
             st.output("shortlist", args.shortlist_out)
 
 
