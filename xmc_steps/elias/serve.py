@@ -12,7 +12,7 @@ the depth :func:`xmc_steps.elias.spec.predict_depth` asks for)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
-from ..params import Params
+from ..prediction import SavedPredictParams
 from ..serving import Features, Target, cached, ensemble_of
 from .params import EliasParams
 from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds, predict_depth
@@ -30,7 +30,7 @@ META = "elias.json"
 
 
 @dataclass
-class PredictParams(Params):
+class PredictParams(SavedPredictParams):
     """What ELIAS's prediction takes (its defaults: :class:`EliasParams`'s; ``b``, ``K`` ``None``: the
     model's own, as trained)."""
 
@@ -44,28 +44,17 @@ class PredictParams(Params):
 
     _what = "ELIAS prediction parameter"
 
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
 
 def saved_predict_params(params: EliasParams, model: Any) -> PredictParams:
     """The prediction parameters a trained model is saved with: its ``b`` and ``K``, the rest of ``params``."""
-    return PredictParams(b=int(model.b), K=int(model.K),
-                         **{k: getattr(params, k) for k in PredictParams.keys() if k not in ("b", "K")})
+    return PredictParams.of(params, b=int(model.b), K=int(model.K))
 
 
 def effective_params(meta: Mapping[str, Any], overrides: Mapping[str, Any] | PredictParams | None = None
                      ) -> PredictParams:
     """The model's saved :class:`PredictParams` (``meta``: its ``elias.json``; a model saved before they
     were: its ``b``, ``K`` and training parameters) with ``overrides``' values that are not ``None``."""
-    saved = meta.get("predict")
-    if saved is None:
-        trained = meta.get("params") or {}
-        saved = {**{k: trained[k] for k in PredictParams.keys() if k in trained}, "b": meta["b"], "K": meta["K"]}
-    if isinstance(overrides, PredictParams):
-        overrides = overrides.to_dict()
-    return PredictParams.from_dict({**saved, **{k: v for k, v in (overrides or {}).items() if v is not None}})
+    return PredictParams.effective(meta, overrides, b=meta["b"], K=meta["K"])
 
 
 def predict(model_dir: str | os.PathLike, tokens: neural.TokenData,

@@ -12,7 +12,7 @@ of them (the predict rule's settings: ``topk``, ``amp``)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from .. import io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
-from ..params import Params
+from ..prediction import SavedPredictParams
 from ..serving import Features, Target, cached, ensemble_of
 from .params import LightXMLParams
 from .spec import lightxml_members
@@ -30,7 +30,7 @@ META = "lightxml.json"
 
 
 @dataclass
-class PredictParams(Params):
+class PredictParams(SavedPredictParams):
     """What a LightXML network's prediction takes (its defaults: :class:`LightXMLParams`'s)."""
 
     topk: int = LightXMLParams.topk
@@ -39,27 +39,10 @@ class PredictParams(Params):
 
     _what = "LightXML prediction parameter"
 
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
 
 def saved_predict_params(params: LightXMLParams) -> PredictParams:
     """The prediction parameters a trained network is saved with (those of its training ``params``)."""
-    return PredictParams(**{k: getattr(params, k) for k in PredictParams.keys()})
-
-
-def effective_params(meta: Mapping[str, Any], overrides: Mapping[str, Any] | PredictParams | None = None
-                     ) -> PredictParams:
-    """The network's saved :class:`PredictParams` (``meta``: its ``lightxml.json``; one saved before they
-    were: its training parameters') with ``overrides``' values that are not ``None``."""
-    saved = meta.get("predict")
-    if saved is None:
-        trained = meta.get("params") or {}
-        saved = {k: trained[k] for k in PredictParams.keys() if k in trained}
-    if isinstance(overrides, PredictParams):
-        overrides = overrides.to_dict()
-    return PredictParams.from_dict({**saved, **{k: v for k, v in (overrides or {}).items() if v is not None}})
+    return PredictParams.of(params)
 
 
 def load(model_dir: str | os.PathLike, device: Any = "cpu"):
@@ -74,12 +57,12 @@ def predict(model_dir: str | os.PathLike, tokens: neural.TokenData,
             progress: Callable[..., Any] | None = None, model: Any = None) -> dict[str, Any]:
     """Top-``topk`` labels by Eq. 6's score and the seconds (:func:`xmc_steps.lightxml.model.predict`) of the
     network in ``model_dir`` for ``tokens``, its saved prediction parameters overridden by ``params``
-    (:func:`effective_params`; the result's ``params``).  ``model``: the folder's network when the caller
+    (:meth:`~xmc_steps.prediction.SavedPredictParams.effective`; the result's ``params``).  ``model``: the folder's network when the caller
     has loaded it (:func:`load`)."""
     from .model import predict as run
 
     folder = Path(model_dir)
-    p = effective_params(io.read_json(folder / META), params)
+    p = PredictParams.effective(io.read_json(folder / META), params)
     dev = neural.resolve_device(device)
     if model is None:
         model = load(folder, dev)
