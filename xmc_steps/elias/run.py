@@ -94,20 +94,28 @@ def _check_memory(st, params: EliasParams, stage: int, n_train: int, L: int, C: 
 
 
 
-def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, files: TrainingFiles) -> None:
-    """Train ELIAS stage ``stage`` into ``out`` (:func:`outputs`): the inputs read and checked, the
-    parameters resolved for them, the model built (stage 1: ``A`` from the tree; stage 2: from stage 1,
-    Eqs. 9-10), its linear start, training, stage 1's head re-fit, the guard (:mod:`xmc_steps.guard`;
-    a :class:`StageError` unless ``params.allow_weak``), the model saved with its prediction parameters
-    (:func:`xmc_steps.elias.serve.saved_predict_params`), the curve and, in stage 1, Eq. 9's ``M``.
-    ``st`` is the stage's context; the checkpoints (``out/checkpoints``) are removed once every output
-    is written."""
-    out = Path(out)
-    stage = int(stage)
+@dataclass
+class TrainingData:
+    """A stage's inputs, read and checked against each other: the token splits, the label matrices, ``L``
+    and ``C``, stage 1's tree or stage 2's ``M`` (Eq. 9, stage 1's ``clusters_train.npz``)."""
+
+    tokens: dict[str, neural.TokenData]
+    Y_train: Any
+    Y_valid: Any
+    L: int
+    C: int
+    tree: Any = None
+    M_train: Any = None
+
+
+def load_training_data(st, stage: int, params: EliasParams, files: TrainingFiles
+                       ) -> tuple[TrainingData, EliasParams]:
+    """The inputs of a stage-``stage`` run (:class:`TrainingData`) and ``params`` with stage 2's encoder
+    architecture taken from stage 1; anything missing or inconsistent is a :class:`StageError` naming it."""
     with st.timed("load"):
         tokens = load_tokens(files.tokens_dir, ("train", "valid"))
         Y_train, Y_valid = io.load_csr(files.labels_train), io.load_csr(files.labels_valid)
-        meta1 = None
+        tree = M_train = None
         if stage == 1:
             if not files.tree:
                 raise StageError("stage 1 needs --tree")
@@ -147,6 +155,95 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
     if stage == 2 and M_train.shape != (len(tokens["train"]), C):
         raise StageError(f"{files.init}/clusters_train.npz has shape {M_train.shape}, expected "
                          f"({len(tokens['train'])}, {C})")
+    return TrainingData(tokens, Y_train, Y_valid, L, C, tree, M_train), params
+
+
+def _build(st, stage: int, params: EliasParams, data: TrainingData, init: str | os.PathLike | None):
+    """The stage's model (stage 1: ``A`` from the tree's partition; stage 2: stage 1's weights, ``A`` from
+    Eqs. 9-10 or the partition start) and what its checkpoints' fingerprint adds."""
+    extra_fp: dict[str, Any] = {"stage": stage}
+    tree, M_train, Y_train, L, C = data.tree, data.M_train, data.Y_train, data.L, data.C
+    try:
+        if stage == 1:
+            index, value = adjacency_from_assignment(tree.assignment(-1), C)
+            model = build_model(params, C, L, index.shape[1], fixed_edges=True, pretrained=True)
+            model.set_adjacency(index, value)
+            extra_fp.update({k: getattr(params, k) for k in ("head_init", "head_init_l2", "head_init_scale")})
+        else:
+            with st.timed("init_adjacency"):
+                index, value = init_adjacency(M_train, Y_train, params.kappa, params.train.seed)
+            model = build_model(params, C, L, params.kappa, fixed_edges=False, pretrained=False)
+            stage1_index = copy_stage1_weights(model, Path(init))
+            if params.a_init == "partition":
+                index, value = partition_start(index, stage1_index, params.a_init_mass)
+            model.set_adjacency(index, value)
+            extra_fp["init"] = digest(np.frombuffer(
+                (Path(init) / "elias.json").read_bytes(), dtype=np.uint8))
+            extra_fp.update({"a_init": params.a_init, "a_init_mass": params.a_init_mass})
+    except OSError as e:
+        raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
+    return model, extra_fp
+
+
+def _guard(st, out: Path, stage: int, params: EliasParams, files: TrainingFiles, model, r: Mapping[str, Any],
+           m: Mapping[str, float], data: TrainingData, curve: CurveLog, gw: int) -> None:
+    """The guard (:func:`xmc_steps.guard.check_stage`: the valid shortlist against the trivial indexes and, in
+    stage 2, stage 1), its metrics, ``guard.json``, ``guard_recall.npz`` and the curve; a stage that failed it
+    is a :class:`StageError` unless ``params.allow_weak``."""
+    tokens, Y_train, Y_valid, L, C = data.tokens, data.Y_train, data.Y_valid, data.L, data.C
+    with st.timed("guard"):
+        previous_rows = None
+        if stage == 2:
+            try:
+                previous_rows = io.load_arrays(Path(files.init) / "guard_recall.npz")["recall"]
+            except (OSError, ValueError, KeyError) as e:
+                raise StageError(f"--init {files.init}: stage 1's guard_recall.npz: {e}") from e
+        lin_index = lin_ranked = None
+        if files.linear_model:
+            lin_index, lin_ranked, _ = linear_tree_valid(files.linear_model, files.tfidf_valid, gw,
+                                                         len(tokens["valid"]), beam=params.b)
+        try:
+            report, rows = check_stage(stage, r["shortlist"], Y_valid, Y_train, model.K, lin_index,
+                                       previous_rows, m["p_at_1"], lin_ranked, advice(stage))
+        except ValueError as e:
+            raise StageError(str(e)) from e
+        previous = report.previous
+    st.metric("valid_shortlist_recall", m["shortlist_recall"])
+    st.metric("valid_p_at_1", m["p_at_1"])
+    for name, v in report.baselines.items():
+        st.metric(f"valid_shortlist_recall_{name}", v)
+    for name, v in report.info.items():
+        st.metric(f"valid_shortlist_recall_{name}", v)
+    st.log.info("guard: valid shortlist recall@%d: stage %d %.4f; %s%s%s", gw, stage, report.shortlist,
+                ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()),
+                "" if previous is None else f"; stage 1 {previous:.4f}",
+                "".join(f"; recorded: {k} {v:.4f}" for k, v in report.info.items()))
+    io.save_arrays(out / "guard_recall.npz", recall=rows.astype(np.float32))
+    io.write_json(out / GUARD, {**report.to_dict(), "curve": curve.to_dict(), "allow_weak": params.allow_weak})
+    st.output("guard", out / GUARD)
+    lines = {f"{k} recall@{gw}": v for k, v in report.baselines.items()}
+    if previous is not None:
+        lines[f"stage 1 recall@{gw}"] = previous
+    plot_curve(out / CURVE, curve.points,
+               {"valid_shortlist_recall": f"shortlist recall@{gw} (valid subset)",
+                "valid_p_at_1": "P@1 (valid subset)"}, lines, ("final, all valid", report.shortlist),
+               f"ELIAS stage {stage}: C = {C}, L = {L}, b = {params.b}, K = {params.K}", "valid metric")
+    st.output("curve", out / CURVE)
+    enforce(message(report), params.allow_weak, "elias", st.log)
+
+
+def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, files: TrainingFiles) -> None:
+    """Train ELIAS stage ``stage`` into ``out`` (:func:`outputs`): the inputs read and checked, the
+    parameters resolved for them, the model built (stage 1: ``A`` from the tree; stage 2: from stage 1,
+    Eqs. 9-10), its linear start, training, stage 1's head re-fit, the guard (:mod:`xmc_steps.guard`;
+    a :class:`StageError` unless ``params.allow_weak``), the model saved with its prediction parameters
+    (:func:`xmc_steps.elias.serve.saved_predict_params`), the curve and, in stage 1, Eq. 9's ``M``.
+    ``st`` is the stage's context; the checkpoints (``out/checkpoints``) are removed once every output
+    is written."""
+    out = Path(out)
+    stage = int(stage)
+    data, params = load_training_data(st, stage, params, files)
+    tokens, Y_train, Y_valid, L, C = data.tokens, data.Y_train, data.Y_valid, data.L, data.C
     try:
         params = params.resolved(stage, len(tokens["train"]), L, C)
     except ValueError as e:
@@ -159,27 +256,8 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
     st.params["stage"] = stage
 
     _check_memory(st, params, stage, len(tokens["train"]), L, C)
-    extra_fp: dict[str, Any] = {"stage": stage}
+    model, extra_fp = _build(st, stage, params, data, files.init)
     ckpt_dir = out / "checkpoints"
-    try:
-        if stage == 1:
-            index, value = adjacency_from_assignment(tree.assignment(-1), C)
-            model = build_model(params, C, L, index.shape[1], fixed_edges=True, pretrained=True)
-            model.set_adjacency(index, value)
-            extra_fp.update({k: getattr(params, k) for k in ("head_init", "head_init_l2", "head_init_scale")})
-        else:
-            with st.timed("init_adjacency"):
-                index, value = init_adjacency(M_train, Y_train, params.kappa, params.train.seed)
-            model = build_model(params, C, L, params.kappa, fixed_edges=False, pretrained=False)
-            stage1_index = copy_stage1_weights(model, Path(files.init))
-            if params.a_init == "partition":
-                index, value = partition_start(index, stage1_index, params.a_init_mass)
-            model.set_adjacency(index, value)
-            extra_fp["init"] = digest(np.frombuffer(
-                (Path(files.init) / "elias.json").read_bytes(), dtype=np.uint8))
-            extra_fp.update({"a_init": params.a_init, "a_init_mass": params.a_init_mass})
-    except OSError as e:
-        raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
     unreachable = model.unreachable_labels()
     st.metric("labels_unreachable", unreachable)
     st.log.info("elias stage %d: encoder %s (%s), C = %d, L = %d, kappa = %d, b = %d, K = %d, alpha %g, beta %g, "
@@ -234,46 +312,7 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
                     name = f"{c}_head" if c == l else f"{c}_wc_{l}_wl"
                     st.metric(f"valid_shortlist_recall_{name}", e[1]["shortlist_recall"])
                     st.metric(f"valid_p_at_1_{name}", e[1]["p_at_1"])
-        with st.timed("guard"):
-            previous_rows = None
-            if stage == 2:
-                try:
-                    previous_rows = io.load_arrays(Path(files.init) / "guard_recall.npz")["recall"]
-                except (OSError, ValueError, KeyError) as e:
-                    raise StageError(f"--init {files.init}: stage 1's guard_recall.npz: {e}") from e
-            lin_index = lin_ranked = None
-            if files.linear_model:
-                lin_index, lin_ranked, _ = linear_tree_valid(files.linear_model, files.tfidf_valid, gw,
-                                                             len(tokens["valid"]), beam=params.b)
-            try:
-                report, rows = check_stage(stage, r["shortlist"], Y_valid, Y_train, model.K, lin_index,
-                                           previous_rows, m["p_at_1"], lin_ranked, advice(stage))
-            except ValueError as e:
-                raise StageError(str(e)) from e
-            previous = report.previous
-        st.metric("valid_shortlist_recall", m["shortlist_recall"])
-        st.metric("valid_p_at_1", m["p_at_1"])
-        for name, v in report.baselines.items():
-            st.metric(f"valid_shortlist_recall_{name}", v)
-        for name, v in report.info.items():
-            st.metric(f"valid_shortlist_recall_{name}", v)
-        st.log.info("guard: valid shortlist recall@%d: stage %d %.4f; %s%s%s", gw, stage, report.shortlist,
-                    ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()),
-                    "" if previous is None else f"; stage 1 {previous:.4f}",
-                    "".join(f"; recorded: {k} {v:.4f}" for k, v in report.info.items()))
-        io.save_arrays(out / "guard_recall.npz", recall=rows.astype(np.float32))
-        io.write_json(out / GUARD, {**report.to_dict(), "curve": curve.to_dict(),
-                                           "allow_weak": params.allow_weak})
-        st.output("guard", out / GUARD)
-        lines = {f"{k} recall@{gw}": v for k, v in report.baselines.items()}
-        if previous is not None:
-            lines[f"stage 1 recall@{gw}"] = previous
-        plot_curve(out / CURVE, curve.points,
-                   {"valid_shortlist_recall": f"shortlist recall@{gw} (valid subset)",
-                    "valid_p_at_1": "P@1 (valid subset)"}, lines, ("final, all valid", report.shortlist),
-                   f"ELIAS stage {stage}: C = {C}, L = {L}, b = {params.b}, K = {params.K}", "valid metric")
-        st.output("curve", out / CURVE)
-        enforce(message(report), params.allow_weak, "elias", st.log)
+        _guard(st, out, stage, params, files, model, r, m, data, curve, gw)
         meta = {"format": FORMAT, "stage": stage, "encoder": params.encoder,
                 "encoder_path": str(encoders.resolve(params.encoder)), "pooling": params.pooling,
                 "last_k": model.encoder.last_k, **model.describe(), "max_length": width, "params": params.to_dict(),
