@@ -26,7 +26,8 @@ from ..curves import CurveLog, plot_curve
 from ..errors import StageError
 from ..guard import Advice, check_stage, enforce, guard_width, linear_tree_valid, message
 from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..neural_stage import (curve_logger, load_tokens, record_training, remove_checkpoints, save_trained,
+                            training_device)
 from ..trainer import digest, list_checkpoints
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights,
                     init_adjacency, linear_start, partition_start, predict, refit_heads, shortlist_metrics)
@@ -264,12 +265,7 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
                 "lambda %g, %d steps, %d train / %d valid documents, %d labels in no row of A",
                 stage, params.encoder, params.pooling, C, L, model.kappa, params.b, params.K, params.alpha,
                 params.beta, params.lambda_, params.train.steps, len(tokens["train"]), len(tokens["valid"]), unreachable)
-    curve = CurveLog(ckpt_dir / "curve.json")
-    log_step = st.step_logger({"loss": "train_loss"})
-
-    def on_step(step: int, logs: dict[str, float]) -> None:
-        log_step(step, logs)
-        curve.add(step, logs, ("valid_shortlist_recall", "valid_p_at_1"))
+    curve, on_step = curve_logger(st, ckpt_dir, ("valid_shortlist_recall", "valid_p_at_1"))
 
     with training_device(st, params) as device:
         if stage == 1 and params.head_init == "linear" and not list_checkpoints(ckpt_dir):   # (a resumed run

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import encoders, io, neural
-from ..curves import CurveLog, plot_curve
+from ..curves import plot_curve
 from ..dual_encoder.model import (JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, encode,
                                   label_tokens, load_dual_encoder, load_label_index, predict, save_dual_encoder)
 from ..dual_encoder.params import DualEncoderParams
@@ -45,8 +45,8 @@ from ..dual_encoder.train import GUARD_ADVICE, frequency_prior, train_dual_encod
 from ..errors import StageError
 from ..guard import check, enforce, guard_width, linear_tree_valid, message, report_dict
 from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, stage_params,
-                            training_device)
+from ..neural_stage import (curve_logger, load_tokens, prediction_inputs, record_training, remove_checkpoints,
+                            stage_params, training_device)
 from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
 
 #: what a training run writes into its output folder (besides the stage's record)
@@ -144,12 +144,7 @@ def _train_main(args: argparse.Namespace) -> None:
                     else "in-batch negatives only", params.train.steps, params.train.batch_size, params.train.lr,
                     params.label_max_length, float(np.mean(ltok.lengths)) if L else 0.0, L, n, len(tokens["valid"]), w)
         ckpt_dir = out / "checkpoints"
-        curve = CurveLog(ckpt_dir / "curve.json")
-        log_step = st.step_logger({"loss": "train_loss"})
-
-        def on_step(step: int, logs: dict[str, float]) -> None:
-            log_step(step, logs)
-            curve.add(step, logs, ("valid_recall", "valid_p_at_1"))
+        curve, on_step = curve_logger(st, ckpt_dir, ("valid_recall", "valid_p_at_1"))
 
         with training_device(st, params) as device:
             with st.timed("train"):
