@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
 from ..serving import Features, Target, cached, ensemble_of
-from .model import JSON, encode, load_dual_encoder, load_label_index, scores_of, search_labels
+from .model import JSON, load_dual_encoder, load_label_index, predict
 from .spec import DUAL_ENCODER_RANKER, model_dir
 
 
@@ -27,9 +27,9 @@ def _nearest(t: Target, f: Features, k: int, device: str) -> tuple[sp.csr_matrix
     model, label_emb = cached(("dual-encoder", str(folder), str(dev)), lambda: load_dual_encoder(folder, dev))
     index = cached(("dual-encoder-index", str(folder)),
                    lambda: load_label_index(folder, label_emb, de["search"], de["exact_max_labels"]))
-    emb = encode(model, f.tokens(meta["encoder"], meta["max_length"]), int(de["eval_batch_size"]), dev, de["amp"])
-    cos, ids = search_labels(index, label_emb.shape[0], emb, k)
-    return scores_of(cos, ids, label_emb.shape[0]), emb
+    r = predict(model, f.tokens(meta["encoder"], meta["max_length"]), None, k, int(de["eval_batch_size"]), dev,
+                de["amp"], progress=None, with_emb=True, index=index)      # the predict stage's function
+    return r["scores"], r["emb"]
 
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
