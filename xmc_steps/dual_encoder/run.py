@@ -27,6 +27,7 @@ from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import curve_logger, load_tokens, record_training, remove_checkpoints, training_device
 from .model import JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, encode, label_tokens, save_dual_encoder
 from .params import DualEncoderParams
+from .serve import PredictParams
 from .train import GUARD_ADVICE, frequency_prior, train_dual_encoder, valid_metrics
 
 #: what a training run writes into its output folder (besides the stage's record)
@@ -187,6 +188,7 @@ def run_training(st, out: str | os.PathLike, params: DualEncoderParams, files: T
         enforce(message(report), params.allow_weak, "dual_encoder", st.log)
         meta = {"encoder": params.encoder, "max_length": width, "label_max_length": params.label_max_length,
                 "params": params.to_dict(), "train_steps": trainer.step, "n_train": n, "device": str(device),
-                "valid": m, "valid_prior": prior, "valid_start": start, "guard": report_dict(report)}
+                "valid": m, "valid_prior": prior, "valid_start": start, "guard": report_dict(report),
+                "predict": PredictParams.of(params).to_dict()}
         save_dual_encoder(st, out, model, label_emb, {**meta, "label_index": index.kind}, index)
     remove_checkpoints(ckpt_dir)

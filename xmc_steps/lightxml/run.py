@@ -34,7 +34,7 @@ from ..guard import enforce, frequency_prior, prior_check
 from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
 from .model import FORMAT, build_model
 from .params import LightXMLParams
-from .serve import saved_predict_params
+from .serve import PredictParams
 from .train import Guide, memory_bytes, refit_generator, train_lightxml, valid_metrics
 
 #: what a training run writes into its output folder (besides the stage's record)
@@ -185,7 +185,7 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
                 "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
                 "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
                 "device": str(trainer.device), "valid": m, "valid_prior": prior, "valid_start": start,
-                "generator": head or {"kept": "trained"}, "predict": saved_predict_params(params).to_dict(),
+                "generator": head or {"kept": "trained"}, "predict": PredictParams.of(params).to_dict(),
                 **(guide.describe() if guide is not None else {})}
         save_trained(st, out, model, "lightxml.json", meta, FORMAT)
         plot_curve(out / CURVE, {k: {"valid_p_at_1": v} for k, v in curve.items()},

@@ -6,7 +6,7 @@ as the ensemble stage combines them).  :func:`network_scores` is shared with GUD
 LightXML network.
 
 The prediction parameters are saved with the model (``lightxml.json``'s ``predict``, written by the
-training run: :func:`saved_predict_params`), as PECOS saves its ``pred_params``, and a caller overrides any
+training run: ``PredictParams.of(params)``), as PECOS saves its ``pred_params``, and a caller overrides any
 of them (the predict rule's settings: ``topk``, ``amp``)."""
 
 from __future__ import annotations
@@ -38,11 +38,6 @@ class PredictParams(SavedPredictParams):
     amp: Amp = LightXMLParams.amp
 
     _what = "LightXML prediction parameter"
-
-
-def saved_predict_params(params: LightXMLParams) -> PredictParams:
-    """The prediction parameters a trained network is saved with (those of its training ``params``)."""
-    return PredictParams.of(params)
 
 
 def load(model_dir: str | os.PathLike, device: Any = "cpu"):

@@ -36,9 +36,10 @@ import argparse
 from pathlib import Path
 
 from .. import io
-from ..dual_encoder.model import JSON, load_dual_encoder, load_label_index, predict
+from ..dual_encoder.model import JSON
 from ..dual_encoder.params import DualEncoderParams
 from ..dual_encoder.run import OUTPUTS, TrainingFiles, run_training
+from ..dual_encoder.serve import PredictParams, load, predict
 from ..errors import StageError
 from ..neural_stage import prediction_inputs, stage_params
 from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
@@ -59,23 +60,24 @@ def _train_main(args: argparse.Namespace) -> None:
 def _predict_main(args: argparse.Namespace) -> None:
     outs = [args.out] + [p for p in (args.emb_out, args.shortlist_out) if p]
     with stage_run("dual_encoder_predict", args, outputs=outs) as st:
+        overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _params(st, "dual_encoder_predict")
-        _, tokens, device = prediction_inputs(st, params, args.model, JSON, args.tokens)
+        meta, tokens, device = prediction_inputs(st, params, args.model, JSON, args.tokens)
+        p = PredictParams.effective(meta, overrides)
         with st.timed("load"):
             try:
-                model, label_emb = load_dual_encoder(args.model, device)
-                index = load_label_index(args.model, label_emb, params.search, params.exact_max_labels)
+                loaded = load(args.model, device, p)
             except (OSError, ValueError, KeyError, RuntimeError) as e:
                 raise StageError(f"--model {args.model}: {e}") from e
-        short = params.shortlist_topk or params.topk
-        k = max(params.topk, short if args.shortlist_out else 0)
-        st.params.update({"topk": params.topk, "shortlist_topk": short, "model": str(args.model),
-                          "label_index": index.kind})
+        short = p.shortlist_topk or p.topk
+        k = max(p.topk, short if args.shortlist_out else 0)
         with st.timed("predict"):
-            r = predict(model, tokens, None, k, params.eval_batch_size, device, params.amp, progress=st.log.info,
-                        with_emb=bool(args.emb_out), index=index)
+            r = predict(args.model, tokens, overrides, device, progress=st.log.info, with_emb=bool(args.emb_out),
+                        loaded=loaded, k=k)
+        st.params.update({**p.to_dict(), "shortlist_topk": short, "model": str(args.model),
+                          "label_index": r["index"].kind})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
-        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+        st.predictions(args.out, r["scores"], p.topk, r["seconds"])
         if args.shortlist_out:
             io.write_predictions(args.shortlist_out, r["scores"], short)
             st.output("shortlist", args.shortlist_out)
