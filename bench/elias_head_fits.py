@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xmc_steps import io, neural  # noqa: E402
 from xmc_steps.baselines import recall_of_top  # noqa: E402
 from xmc_steps.cluster_tree import ClusterTree  # noqa: E402
-from xmc_steps.elias.guard import guard_width  # noqa: E402
+from xmc_steps.guard import guard_width  # noqa: E402
 from xmc_steps.elias.model import (EliasModel, adjacency_from_assignment, linear_start, load_elias,  # noqa: E402
                                    partition_targets)
 from xmc_steps.elias.params import EliasParams  # noqa: E402

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 import torch
 
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import elias, io, layout, neural
+from xmc_steps import elias, guard, io, layout, neural
 from xmc_steps.baselines import most_frequent_top, recall_of_top
 from xmc_steps.elias import train as elias_train
 from xmc_steps.cluster_tree import ClusterTree
@@ -656,7 +656,7 @@ def test_guard_against_hand_numbers():
     Y_valid = sp.csr_matrix(np.array([[0, 0, 1, 0], [0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32))
     # the linear tree's beam: cluster 1 first for rows 0, 1; cluster 0 for row 2 (width 2: one whole cluster)
     beam = sp.csr_matrix(np.array([[0.2, 0.9], [0.1, 0.8], [0.7, 0.3], [0.5, 0.5]], np.float32))
-    idx = elias.guard.index_candidates(beam, np.array([0, 0, 1, 1]), 2)
+    idx = guard.index_candidates(beam, np.array([0, 0, 1, 1]), 2)
     assert [sorted(idx[i].indices.tolist()) for i in range(3)] == [[2, 3], [2, 3], [0, 1]]
     shortlist = sp.csr_matrix(np.array([[0, 0, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]], np.float32))
     rep, rows = elias.check_stage(1, shortlist, Y_valid, Y_train, K=2, linear_valid=idx)

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from test_neural import HostReads
 from test_elias import _write_toy  # 4 topics, labels {t, t + 4}, a tree of 4 clusters {0,1} .. {6,7}
 from tiny_encoder import make_tiny_encoder, toy_tokens
-from xmc_steps import io, layout, lightxml, neural
+from xmc_steps import guard, io, layout, lightxml, neural
 from xmc_steps.stage import cli_main
 from xmc_steps.stages import lightxml as lightxml_stage
 from xmc_steps.lightxml.train import train_lightxml
@@ -373,7 +373,7 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
     # top label is true for a quarter of them
     top = lightxml.train.draw_top_clusters(model, vt, 64, "cpu", amp="off")[:, 0]
     hit = np.asarray(lightxml.train.cluster_targets(model, vY)[np.arange(len(top)), top]).ravel()
-    prior = lightxml.train.frequency_prior(Y, vY)["p_at_1"]
+    prior = guard.frequency_prior(Y, vY)["p_at_1"]
     assert hit.mean() >= 0.75 and prior <= 0.5, (hit.mean(), prior)
     # resume: the finished run's checkpoint is loaded, the start is not fitted again
     called = []
@@ -388,7 +388,7 @@ def test_linear_start_ranks_before_any_training_and_is_not_redone_on_resume(tiny
 
 
 def test_guard_fails_a_model_below_the_prior_or_below_its_own_linear_start():
-    from xmc_steps.lightxml.run import guard
+    from xmc_steps.guard import prior_check as guard
 
     prior = {"p_at_1": 0.001, "p_at_5": 0.0005}
     start = {"p_at_1": 0.12, "p_at_5": 0.06}

@@ -4,14 +4,16 @@ Readings and measured choices: docs/methods/elias.md, "ELIAS++" (the sparse rank
 and its features, how deep: ``n_candidates`` and ``calibrate_top``).
 
 The stage (train, calibrate, predict) is :mod:`xmc_steps.stages.elias_plus`; this module is the
-scoring it and :mod:`xmc_steps.serving` share.
+scoring it and :mod:`xmc_steps.serving` share: :func:`predict`, the one re-rank of a trained ranker
+(ELIAS's and the dual encoder's), its prediction parameters saved with it (``ranker.json``'s
+``params``) and overridable (:data:`PREDICT_KEYS`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -19,7 +21,7 @@ import scipy.sparse as sp
 from . import io
 from .errors import StageError
 from .params import Params, bounded
-from .ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
+from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
 from .search import Transform, masked_product, top_entries, topk_per_row, transform
 
 FORMAT = "xmc-elias-plus-v1"
@@ -168,3 +170,31 @@ def label_train_freq(model: str | Path) -> np.ndarray:
         raise StageError(f"{path}: missing; this ELIAS++ ranker predates the stored training frequencies, "
                          "train it again (rule elias_plus_ranker)")
     return io.load_arrays(path)["freq"].astype(np.float64)
+
+
+#: the saved parameters a prediction may override (the predict rule's settings, serving's)
+PREDICT_KEYS = ("topk", "uncalibrated", "calibrate_top")
+
+
+def predict_params(meta: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> EliasPlusParams:
+    """The ranker's saved parameters (``meta``: its ``ranker.json``) with ``overrides``' :data:`PREDICT_KEYS`."""
+    over = {k: v for k, v in (overrides or {}).items() if k in PREDICT_KEYS and v is not None}
+    return EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **over})
+
+
+def predict(model: str | Path, tfidf: sp.spmatrix, emb: np.ndarray, scores: sp.spmatrix,
+            overrides: Mapping[str, Any] | None = None, calibration: str | Path | None = None,
+            ranker: tuple[sp.csc_matrix, Mapping[str, Any]] | None = None) -> tuple[sp.csr_matrix, EliasPlusParams]:
+    """ELIAS++'s re-rank (the predict stage's and serving's, for ELIAS and the dual encoder alike): the
+    ranker in ``model`` over each row's top-``n_candidates`` of ``scores`` (the first model's, N x L), on
+    [``emb`` ⊕ ``tfidf``], calibrated by the tree in ``calibration`` when given (:func:`plus_scores`).
+    Returns the scores and the parameters used (:func:`predict_params`).  ``ranker``: ``model``'s
+    :func:`load_ranker` when the caller has loaded it."""
+    W, meta = ranker if ranker is not None else load_ranker(model)
+    p = predict_params(meta, overrides)
+    Xr = ranker_features(tfidf, emb, "tfidf+neural", p.neural_weight)
+    cand = candidates(sp.csr_matrix(scores), p.n_candidates)
+    if cand.shape[0] != Xr.shape[0]:
+        raise StageError(f"the candidates hold {cand.shape[0]} rows but the features {Xr.shape[0]}")
+    tree = io.load_arrays(Path(calibration) / "calibration.npz") if calibration is not None else None
+    return plus_scores(Xr, W, cand, p, tree, label_train_freq(model) if tree is not None else None), p

@@ -168,6 +168,22 @@ def prediction_inputs(st, params: Any, model_dir: str | os.PathLike, json_name: 
     return meta, tokens, device
 
 
+def curve_logger(st, ckpt_dir: str | os.PathLike, keys: tuple[str, ...]):
+    """``(curve, on_step)``: the validation curve kept beside the checkpoints (``curve.json``, so a resumed
+    run continues it; :class:`xmc_steps.curves.CurveLog`) and the trainer's step callback, which logs every
+    step (:meth:`st.step_logger`) and adds the step's ``keys`` to the curve."""
+    from .curves import CurveLog
+
+    curve = CurveLog(Path(ckpt_dir) / "curve.json")
+    log_step = st.step_logger({"loss": "train_loss"})
+
+    def on_step(step: int, logs: dict[str, float]) -> None:
+        log_step(step, logs)
+        curve.add(step, logs, keys)
+
+    return curve, on_step
+
+
 def remove_checkpoints(ckpt_dir: str | os.PathLike) -> None:
     """Drop a finished run's checkpoints (call it once every output is written: a failure before
     that leaves them for the rerun to resume from)."""

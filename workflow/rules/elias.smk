@@ -127,7 +127,7 @@ rule elias_predict:
     log:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
-        settings=lambda w: json.dumps({"topk": max(S(w)["evaluate"]["topk"], S(w)["elias"]["plus"]["n_candidates"]),
+        settings=lambda w: json.dumps({"topk": ES.predict_depth(S(w)),
                                        "device": S(w)["elias"]["device"],
                                        "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),

@@ -7,7 +7,8 @@ Readings and measured choices: docs/methods/dual-encoder.md (the model, the loss
 mined negatives, training, the guard, the settings and their defaults, choosing the defaults, measured).
 
 Files: :mod:`.params`, :mod:`.model` (the network, label tokens, search, prediction, saving and loading),
-:mod:`.loss`, :mod:`.batching`, :mod:`.train` (the driver), :mod:`.guard`, :mod:`.spec`, :mod:`.serve`.
+:mod:`.loss`, :mod:`.batching`, :mod:`.train` (the driver; the guard's advice, the guard being the shared
+:mod:`xmc_steps.guard`), :mod:`.run` (the training run its stage calls), :mod:`.spec`, :mod:`.serve`.
 The stage is :mod:`xmc_steps.stages.dual_encoder` (``python -m xmc_steps.stages.dual_encoder``).
 """
 

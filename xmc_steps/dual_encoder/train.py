@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import metrics, neural
 from ..baselines import most_frequent_top
+from ..guard import Advice
 from ..neural_stage import valid_subset
 from ..search import topk_per_row
 from ..trainer import Trainer, digest, param_groups
@@ -111,6 +112,15 @@ def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, width: int) -> dict[st
     """:func:`width_metrics` of the most frequent training labels, the same for every text (ranked by count)."""
     top = most_frequent_top(Y_train, Y.shape[0], width)
     return width_metrics(top, Y, width)
+
+
+#: what a failed guard (:mod:`xmc_steps.guard`: recall@w against the most frequent labels and the linear
+#: tree's index at the same budget) tells the user
+GUARD_ADVICE = Advice("the dual encoder",
+                      "Train longer or faster (dual_encoder.train.epochs, dual_encoder.train.lr), give it harder "
+                      "negatives (dual_encoder.hard_negatives, dual_encoder.batching: ngame, dual_encoder.cluster_size), "
+                      "check the label texts, the encoder and max_length", "dual_encoder",
+                      failed="retrieves no better than a trivial index")
 
 
 def valid_metrics(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmatrix, label_emb: np.ndarray | None,

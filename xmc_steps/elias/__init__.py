@@ -5,8 +5,11 @@ the sizes from the data, the linear start, choosing the defaults, the guard; the
 
 Files: :mod:`.params` (:class:`EliasParams`), :mod:`.model` (the network, the index
 initialisation of Eqs. 9-10, inference, saving and loading), :mod:`.loss` (:func:`elias_loss`),
-:mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation); the stage is
-:mod:`xmc_steps.stages.elias` (``python -m xmc_steps.stages.elias``).
+:mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation), :mod:`.run` (a training run as its
+stage runs it: inputs, model, training, guard, outputs), :mod:`.serve` (the one prediction path of a
+trained folder, the predict stage's and serving's: :class:`~.serve.PredictParams`, :func:`~.serve.predict`);
+the guard is the shared :mod:`xmc_steps.guard`; the stage is :mod:`xmc_steps.stages.elias`
+(``python -m xmc_steps.stages.elias``).
 """
 
 from ..methods import lazy_exports
@@ -17,17 +20,17 @@ _EXPORTS = {
     "STAGE_DEFAULTS": ".params",
     "EliasModel": ".model",
     "EliasParams": ".params",
-    "GuardReport": ".guard",
+    "GuardReport": "..guard",
     "Shortlist": ".model",
     "adjacency_from_assignment": ".model",
     "build_model": ".model",
-    "check_stage": ".guard",
+    "check_stage": "..guard",
     "cluster_topb": ".model",
     "decay_touched_rows": ".train",
     "default_K": ".params",
     "default_b": ".params",
     "elias_loss": ".loss",
-    "guard_width": ".guard",
+    "guard_width": "..guard",
     "init_adjacency": ".model",
     "linear_start": ".model",
     "load_elias": ".model",

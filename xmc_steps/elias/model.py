@@ -444,11 +444,11 @@ def predict(model: EliasModel, tokens: neural.TokenData, topk: int = 100, b: int
             batch_size: int = 128, device: torch.device | str = "auto", amp: str = "auto",
             shortlist_topk: int | None = None, with_emb: bool = True,
             progress: Callable[..., Any] | None = neural._default_log.info,
-            yhat_power: float | None = None) -> dict[str, Any]:
-    """Top-``topk`` labels by ``p`` (CSR N x L; ``yhat_power``: :meth:`EliasModel.shortlist`, ``None``: the
-    pipeline's ``predict.yhat_power`` default), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x), seconds."""
-    if yhat_power is None:
-        yhat_power = EliasParams.yhat_power
+            yhat_power: float = EliasParams.yhat_power) -> dict[str, Any]:
+    """Top-``topk`` labels by ``p`` (CSR N x L; ``yhat_power``: :meth:`EliasModel.shortlist`; its default is
+    :class:`EliasParams`'s, the one the prediction parameters saved with a model take:
+    :class:`xmc_steps.elias.serve.PredictParams`), the shortlist's top-``shortlist_topk`` by ``yhat``, phi(x),
+    seconds.  A trained model's folder is predicted by :func:`xmc_steps.elias.serve.predict`."""
     device = neural.resolve_device(device)
     model.to(device)
     n, L = len(tokens), model.n_labels

@@ -1,51 +1,117 @@
-"""ELIAS's predictor for :mod:`xmc_steps.serving` (``python -m xmc_steps.stages.predict``): each
-clustering seed's model as its stages score the test split: ELIAS's top-k (stage 1 or 2), then for
-ELIAS++ the sparse ranker over those candidates and the calibration."""
+"""ELIAS's one prediction path: :func:`predict` (a trained stage's folder, token ids,
+:class:`PredictParams`), called by the predict stage (:mod:`xmc_steps.stages.elias` ``predict``) and by
+:mod:`xmc_steps.serving` alike (:func:`scores`, the predictor its spec names: each clustering seed's
+model as its stages score the test split, then for ELIAS++ :func:`xmc_steps.elias_plus.predict`).
+
+The prediction parameters are saved with the model (``elias.json``'s ``predict``, written by the training
+run: :func:`saved_predict_params`), as PECOS saves its ``pred_params``: the beam ``b`` and shortlist size
+``K`` the model was trained with, the ``yhat_power`` and batch of its settings; a caller overrides any of
+them (the predict stage with its rule's settings, ``elias.predict``; serving with the same section and
+the depth :func:`xmc_steps.elias.spec.predict_depth` asks for)."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import scipy.sparse as sp
 
 from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
-from ..ranker import ranker_features
+from ..neural import Amp
+from ..prediction import SavedPredictParams
 from ..serving import Features, Target, cached, ensemble_of
-from .model import load_elias, predict
-from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds
+from .params import EliasParams
+from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds, predict_depth
+
+META = "elias.json"
+
+
+@dataclass
+class PredictParams(SavedPredictParams):
+    """What ELIAS's prediction takes (its defaults: :class:`EliasParams`'s; ``b``, ``K`` ``None``: the
+    model's own, as trained)."""
+
+    b: int | None = None
+    K: int | None = None
+    topk: int = EliasParams.topk
+    shortlist_topk: int | None = EliasParams.shortlist_topk
+    yhat_power: float = EliasParams.yhat_power
+    eval_batch_size: int = EliasParams.eval_batch_size
+    amp: Amp = EliasParams.amp
+
+    _what = "ELIAS prediction parameter"
+
+
+def saved_predict_params(params: EliasParams, model: Any) -> PredictParams:
+    """The prediction parameters a trained model is saved with: its ``b`` and ``K``, the rest of ``params``."""
+    return PredictParams.of(params, b=int(model.b), K=int(model.K))
+
+
+def effective_params(meta: Mapping[str, Any], overrides: Mapping[str, Any] | PredictParams | None = None
+                     ) -> PredictParams:
+    """The model's saved :class:`PredictParams` (``meta``: its ``elias.json``; a model saved before they
+    were: its ``b``, ``K`` and training parameters) with ``overrides``' values that are not ``None``."""
+    return PredictParams.effective(meta, overrides, b=meta["b"], K=meta["K"])
+
+
+def predict(model_dir: str | os.PathLike, tokens: neural.TokenData,
+            params: Mapping[str, Any] | PredictParams | None = None, device: Any = "auto",
+            progress: Callable[..., Any] | None = None, with_emb: bool = True, model: Any = None) -> dict[str, Any]:
+    """Top-``topk`` labels by ``p``, the shortlist's top-``shortlist_topk`` by ``yhat``, ``phi(x)`` and the
+    seconds (:func:`xmc_steps.elias.model.predict`) of the model in ``model_dir`` for ``tokens``, with its
+    saved prediction parameters overridden by ``params`` (:func:`effective_params`; the result's ``params``,
+    and ``meta``, the model's ``elias.json``).  ``model``: the folder's model when the caller has loaded it
+    (:func:`load`)."""
+    from .model import predict as run
+
+    folder = Path(model_dir)
+    meta = io.read_json(folder / META)
+    p = effective_params(meta, params)
+    dev = neural.resolve_device(device)
+    if model is None:
+        model = load(folder, dev)
+    r = run(model, tokens, p.topk, p.b, p.K, p.eval_batch_size, dev, p.amp, p.shortlist_topk, with_emb=with_emb,
+            progress=progress, yhat_power=p.yhat_power)
+    return {**r, "params": p, "meta": meta}
+
+
+def load(model_dir: str | os.PathLike, device: Any = "cpu"):
+    """The trained model of ``model_dir`` (:func:`xmc_steps.elias.model.load_elias`)."""
+    from .model import load_elias
+
+    return load_elias(model_dir, device)
 
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
+    """Serving: each seed's :func:`predict` (deep enough for ELIAS++, :func:`~xmc_steps.elias.spec.predict_depth`),
+    then for ELIAS++ its re-rank (:func:`xmc_steps.elias_plus.predict`), the seeds ensembled."""
     el = t.settings["elias"]
     k100 = int(t.settings["evaluate"]["topk"])
     stage = 1 if variant == "stage1" else 2
+    plain = variant in ("stage1", "stage2")
     dev = neural.resolve_device(device)
     out = []
     for seed in elias_seeds(t.settings, variant):
         sdir = Path(elias_dir(t.res, t.dataset, t.settings, seed, ELIAS_STAGE, stage=stage))
-        t.need(sdir / "elias.json", sdir / WEIGHTS)
-        meta = io.read_json(sdir / "elias.json")
-        model = cached(("elias", str(sdir), str(dev)), lambda: load_elias(sdir, dev))
-        pred = el.get("predict") or {}
-        b = pred.get("b") if pred.get("b") is not None else model.b
-        K = pred.get("K") if pred.get("K") is not None else model.K
+        t.need(sdir / META, sdir / WEIGHTS)
+        meta = io.read_json(sdir / META)
         tokens = f.tokens(meta["encoder"], meta["max_length"])
-        depth = k100 if variant in ("stage1", "stage2") else max(k100, el["plus"]["n_candidates"])  # ELIAS++'s
-        r = predict(model, tokens, depth, b, K, 128, dev, el.get("amp", "auto"), with_emb=True, progress=None,
-                    yhat_power=pred.get("yhat_power"))
-        if variant in ("stage1", "stage2"):
+        over = {**(el.get("predict") or {}), "topk": k100 if plain else predict_depth(t.settings)}
+        model = cached(("elias", str(sdir), str(dev)), lambda: load(sdir, dev))
+        r = predict(sdir, tokens, over, dev, progress=None, model=model)
+        if plain:
             out.append(r["scores"])
             continue
         plus = Path(elias_dir(t.res, t.dataset, t.settings, seed, ELIAS_PLUS))
-        cal = plus / "calibration" / "calibration.npz"
-        t.need(plus / "ranker" / "ranker.json", *([cal] if variant != "ranker" else []))
-        W, rmeta = cached(("elias-ranker", str(plus)), lambda: elias_plus.load_ranker(plus / "ranker"))
-        p = elias_plus.EliasPlusParams.from_dict({**elias_plus.EliasPlusParams.upgrade(rmeta["params"]), "topk": k100,
-                                                  "uncalibrated": el["plus"]["uncalibrated"]})
-        Xr = ranker_features(f.tfidf, r["emb"], "tfidf+neural", p.neural_weight)
-        cand = elias_plus.candidates(sp.csr_matrix(r["scores"]), p.n_candidates)
         calibrated = variant != "ranker"
-        out.append(elias_plus.plus_scores(Xr, W, cand, p, io.load_arrays(cal) if calibrated else None,
-                                          elias_plus.label_train_freq(plus / "ranker") if calibrated else None))
+        cal = plus / "calibration"
+        rdir = plus / "ranker"
+        t.need(rdir / "ranker.json", *([cal / "calibration.npz"] if calibrated else []))
+        ranker = cached(("elias-ranker", str(rdir)), lambda: elias_plus.load_ranker(rdir))
+        out.append(elias_plus.predict(rdir, f.tfidf, r["emb"], r["scores"],
+                                      {"topk": k100, "uncalibrated": el["plus"]["uncalibrated"]},
+                                      cal if calibrated else None, ranker)[0])
     return ensemble_of(out, el["ensemble"], topk)

@@ -45,6 +45,13 @@ def elias_seeds(settings: Mapping[str, Any], variant: str | None) -> list[int]:
     return [el["seeds"][0]]
 
 
+def predict_depth(settings: Mapping[str, Any]) -> int:
+    """How many labels ELIAS's prediction keeps per document: ``evaluate.topk``, or ELIAS++'s deeper
+    ``elias.plus.n_candidates`` (what its re-rank reads), whichever is more (the predict rule's ``topk``
+    and serving's)."""
+    return max(int(settings["evaluate"]["topk"]), int(settings["elias"]["plus"]["n_candidates"]))
+
+
 def predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
     seeds = elias_seeds(settings, variant)
     if variant in (None, "ensemble"):

@@ -17,7 +17,7 @@ from .. import neural
 from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
-from .guard import guard_width
+from ..guard import guard_width
 from .model import EliasModel, predict, shortlist_metrics
 from .params import EliasParams
 

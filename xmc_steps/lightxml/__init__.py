@@ -23,7 +23,7 @@ _EXPORTS = {
     "LightXMLParams": ".params",
     "build_model": ".model",
     "cluster_table": ".model",
-    "frequency_prior": ".train",
+    "frequency_prior": "..guard",
     "load_lightxml": ".model",
     "predict": ".model",
     "train_lightxml": ".train",

@@ -1,7 +1,7 @@
 """A LightXML network's training run as a stage runs it (:mod:`xmc_steps.stages.lightxml` and, with its
 guide network, :mod:`xmc_steps.stages.gudn`): the inputs read and checked, the parameters fixed for
 them, then the model built, trained (:func:`.train.train_lightxml`), validated against the frequency
-prior and its own linear start (:func:`guard`), saved and drawn.
+prior and its own linear start (:func:`xmc_steps.guard.prior_check`), saved and drawn.
 
 A stage reads::
 
@@ -30,10 +30,12 @@ from .. import encoders, io, neural, resources
 from ..curves import plot_curve
 from ..errors import StageError
 from ..layout import CURVE, WEIGHTS
+from ..guard import enforce, frequency_prior, prior_check
 from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
 from .model import FORMAT, build_model
 from .params import LightXMLParams
-from .train import Guide, frequency_prior, memory_bytes, refit_generator, train_lightxml, valid_metrics
+from .serve import PredictParams
+from .train import Guide, memory_bytes, refit_generator, train_lightxml, valid_metrics
 
 #: what a training run writes into its output folder (besides the stage's record)
 OUTPUTS = (WEIGHTS, "lightxml.json", CURVE)
@@ -96,14 +98,16 @@ def load_training_data(tokens_dir: str | os.PathLike, labels_train: str | os.Pat
     return TrainingData(tokens, Y_train, Y_valid, cluster_of, K)
 
 
-def fit_params(params: LightXMLParams, data: TrainingData) -> tuple[LightXMLParams, int]:
+def fit_params(params: LightXMLParams, data: TrainingData, config_section: str = "lightxml"
+               ) -> tuple[LightXMLParams, int]:
     """``params`` resolved for the training split (:meth:`LightXMLParams.resolved`) with ``max_length``
-    set to the token files' width when unset, and that width (checked against the encoder)."""
+    set to the token files' width when unset, and that width (checked against the encoder);
+    ``config_section`` is the settings the errors name (``gudn.backbone`` for GUDN's network)."""
     try:
         params = params.resolved(len(data.tokens["train"]))
     except ValueError as e:
         raise StageError(str(e)) from e
-    width = neural.check_tokens(params.encoder, data.tokens, params.max_length, "lightxml")
+    width = neural.check_tokens(params.encoder, data.tokens, params.max_length, config_section)
     if params.max_length is None:
         params.max_length = width
     return params, width
@@ -114,7 +118,8 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
     """Build, train, validate and save a LightXML network into ``out`` (:data:`OUTPUTS`), with
     ``guide``'s loss added at every step when given (:class:`.train.Guide`; its ``describe()`` goes
     into ``lightxml.json``).  ``params`` as :func:`fit_params` gives them; ``method`` names the model
-    and ``config_section`` its settings in the guard's message.  A model that fails the guard is a
+    and ``config_section`` its settings in every message (the guard's, the errors': ``gudn.backbone`` for
+    GUDN).  A model that fails the guard is a
     :class:`StageError` unless ``params.allow_weak``.  The checkpoints (``out/checkpoints``) are removed
     once every output is written."""
     out = Path(out)
@@ -124,15 +129,15 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
     except OSError as e:
         raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
     except ValueError as e:   # e.g. last_k beyond the encoder's layers
-        raise StageError(f"encoder '{params.encoder}': {e} (lightxml.last_k)") from e
+        raise StageError(f"encoder '{params.encoder}': {e} ({config_section}.last_k)") from e
     resources.check_memory(f"LightXML's heads for L = {L:,} labels in {model.n_clusters:,} clusters (training state, "
                            "least-squares starts)", memory_bytes(model, len(tokens["train"]), params.train.batch_size),
-                           "lightxml.hidden (the L x hidden label embeddings), lightxml.flat_max_labels or "
-                           "lightxml.cluster.leaf_size (the generator's clusters)", st.log)
+                           f"{config_section}.hidden (the L x hidden label embeddings), {config_section}.flat_max_labels "
+                           f"or {config_section}.cluster.leaf_size (the generator's clusters)", st.log)
     if params.negatives == "static" and model.flat:
         raise StageError(f"static negatives need label clusters, but {L} labels <= flat_max_labels = "
                          f"{params.flat_max_labels} give one label per cluster (every label scored, no negatives "
-                         "drawn): set lightxml.flat_max_labels below the label count for a clustered comparison")
+                         f"drawn): set {config_section}.flat_max_labels below the label count for a clustered comparison")
     swa_first, swa_every = params.swa_schedule(len(tokens["train"]))
     st.log.info("lightxml: encoder %s ([CLS] of the last %d layers, dropout %g), L = %d, %s, %s negatives, %d steps "
                 "(batch %d, lr %g, %s), weight average from step %d every %d, %d train / %d valid documents",
@@ -179,18 +184,15 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
         if start is not None:
             st.metric("valid_start_p_at_1", start["p_at_1"])
             st.metric("valid_start_p_at_5", start["p_at_5"])
-        msg, verdict = guard(method, m, prior, start, trainer.step, config_section)
-        if msg is not None:
-            if not params.allow_weak:
-                raise StageError(msg)
-            st.log.warning("%s (allow_weak: kept)", msg)
-        else:
-            st.log.info("lightxml: %s", verdict)
+        msg, verdict = prior_check(method, m, prior, start, trainer.step, config_section)
+        enforce(msg, params.allow_weak, config_section, st.log)
+        if msg is None:
+            st.log.info("%s: %s", method, verdict)
         meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                 "pooling": "cls-concat-last-k", "last_k": params.last_k, **model.describe(), "max_length": width,
                 "params": params.to_dict(), "train_steps": trainer.step, "n_train": len(tokens["train"]),
                 "device": str(trainer.device), "valid": m, "valid_prior": prior, "valid_start": start,
-                "generator": head or {"kept": "trained"},
+                "generator": head or {"kept": "trained"}, "predict": PredictParams.of(params).to_dict(),
                 **(guide.describe() if guide is not None else {})}
         save_trained(st, out, model, "lightxml.json", meta, FORMAT)
         plot_curve(out / CURVE, {k: {"valid_p_at_1": v} for k, v in curve.items()},
@@ -199,25 +201,3 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
                    "valid P@1")
         st.output("curve", out / CURVE)
     remove_checkpoints(ckpt_dir)
-
-
-def guard(method: str, m: Mapping[str, float], prior: Mapping[str, float], start: Mapping[str, float] | None,
-          steps: int, sec: str) -> tuple[str | None, str]:
-    """``(message, verdict)``: the message is ``None`` when the trained model's valid P@1 is above the
-    frequency prior's and, with a linear start, not below the start's own (fine-tuning that loses what
-    the least-squares generator knew before the first step has failed as surely as one that learned
-    nothing: on a large label space the prior is near 0 and would pass almost anything)."""
-    verdict = (f"valid P@1 {m['p_at_1']:.4f} vs the frequency prior's {prior['p_at_1']:.4f} "
-               f"(P@5 {m['p_at_5']:.4f} vs {prior['p_at_5']:.4f})")
-    if start is not None:
-        verdict += f"; its linear start (step 0) had P@1 {start['p_at_1']:.4f}"
-    if m["p_at_1"] <= prior["p_at_1"]:
-        return (f"{method} learned nothing from the text: {verdict} after {steps} steps. Train longer or faster "
-                f"({sec}.train.epochs, {sec}.train.lr), check the encoder and max_length, or set {sec}.allow_weak: true "
-                "to keep this model"), verdict
-    if start is not None and m["p_at_1"] < start["p_at_1"]:
-        return (f"{method} fine-tuning lost what its least-squares start knew: {verdict} after {steps} steps. Lower "
-                f"the rates ({sec}.train.lr, {sec}.lr_generator), train longer ({sec}.train.epochs), or set "
-                f"{sec}.allow_weak: true to keep this model"), verdict
-    return None, verdict
-

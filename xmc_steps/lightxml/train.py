@@ -191,18 +191,6 @@ def positive_pairs(Y: sp.csr_matrix, idx: np.ndarray) -> tuple[torch.Tensor, tor
     return torch.from_numpy(rows), torch.from_numpy(sub.indices.astype(np.int64))
 
 
-def frequency_prior(Y_train: sp.spmatrix, Y: sp.spmatrix, k: int = 100) -> dict[str, float]:
-    """The same metrics for the trivial predictor that ranks every text's labels by training
-    frequency: what a model that learned nothing from the text reaches."""
-    freq = np.asarray(sp.csr_matrix(Y_train).sum(0)).ravel()
-    top = np.argsort(-freq, kind="stable")[:k]
-    n = Y.shape[0]
-    vals = np.tile(np.linspace(1.0, 0.5, len(top), dtype=np.float32), n)
-    scores = sp.csr_matrix((vals, np.tile(top, n), np.arange(n + 1) * len(top)), shape=Y.shape)
-    p = metrics.precision(scores, Y, 5)
-    return {"p_at_1": float(p[0]), "p_at_5": float(p[4]), f"recall_at_{k}": float(metrics.recall(scores, Y, k)[-1])}
-
-
 class Guide(Protocol):
     """An extra loss that :func:`train_lightxml` adds at every step (e.g. GUDN's guide network,
     :class:`xmc_steps.gudn.GuideNetwork`), on a second text of every training text.

@@ -16,11 +16,12 @@ which it tokenizes with the encoder's tokenizer at ``label_max_length``.  It wri
 ``dual_encoder.json`` (format, encoder, pooling, dim, L, the widths, the parameters, the validation figures
 next to the baselines'), ``label_emb.npz`` (``emb``: the trained label embeddings, L x dim),
 ``label_index.faiss`` (the search index over them, :mod:`xmc_steps.ann`: exact or HNSW by ``search`` and
-``exact_max_labels``), ``guard.json`` (the guard's numbers: :mod:`xmc_steps.dual_encoder.guard`) and
+``exact_max_labels``), ``guard.json`` (the guard's numbers: :mod:`xmc_steps.guard`) and
 ``curve.png`` (valid recall@w and P@1 over the steps, the baselines as lines).  The stage fails when the model's valid
 recall@w is below the most frequent labels' or, with ``--linear-model`` (XR-Linear over the shared tree, fit
 on train) and ``--tfidf-valid``, below the linear tree's index at the same budget (``allow_weak: true`` makes
-that a warning).  Checkpoints go to ``OUT/checkpoints`` and are removed once every output is written.
+that a warning).  Checkpoints go to ``OUT/checkpoints`` and are removed once every output is written
+(the training run: :func:`xmc_steps.dual_encoder.run.run_training`).
 
 ``predict`` searches the model's saved index (built again from ``label_emb.npz`` with ``search`` /
 ``exact_max_labels`` if it is missing) and writes the ``topk`` nearest labels of every text (``--out``,
@@ -34,59 +35,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-from .. import encoders, io, neural
-from ..curves import CurveLog, plot_curve
-from ..dual_encoder.guard import check, guard_width, linear_valid, message, report_dict
-from ..dual_encoder.model import (JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, encode,
-                                  label_tokens, load_dual_encoder, load_label_index, predict, save_dual_encoder)
+from .. import io
+from ..dual_encoder.model import JSON
 from ..dual_encoder.params import DualEncoderParams
-from ..dual_encoder.train import frequency_prior, train_dual_encoder, valid_metrics
+from ..dual_encoder.run import OUTPUTS, TrainingFiles, run_training
+from ..dual_encoder.serve import PredictParams, load, predict
 from ..errors import StageError
-from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import (load_tokens, prediction_inputs, record_training, remove_checkpoints, stage_params,
-                            train_split_only, training_device)
+from ..neural_stage import prediction_inputs, stage_params, train_split_only
 from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
-
-#: what a training run writes into its output folder (besides the stage's record)
-OUTPUTS = (WEIGHTS, JSON, LABEL_EMB, LABEL_INDEX, GUARD, CURVE)
 
 
 def _params(st, rule: str) -> DualEncoderParams:
     return stage_params(st, DualEncoderParams, rule, "dual_encoder")
-
-
-def _label_texts(path: str, L: int, log) -> list[str]:
-    try:
-        table = io.read_table(path, ["label_id", "label_text"])
-    except (OSError, ValueError, KeyError) as e:
-        raise StageError(f"--label-table {path}: {e}") from e
-    ids = [str(x) for x in table.column("label_id").to_pylist()]
-    texts = [str(t) for t in table.column("label_text").to_pylist()]
-    if len(texts) != L:
-        raise StageError(f"--label-table {path} has {len(texts)} labels but Y_train has {L}")
-    same = sum(a == b for a, b in zip(ids, texts))
-    if same == L and L:
-        log.warning("dual_encoder: no label has a text besides its id (the dataset came without label texts): "
-                    "the label ids are encoded as the label texts")
-    return texts
-
-
-def _check_memory(st, params: DualEncoderParams, n_train: int, L: int) -> None:
-    """Refuse before training when the host arrays the run holds in proportion to N and L would not fit: the
-    training texts' embeddings (NGAME's clustering), the label embeddings (the kept fp16 copy, the index, the
-    validation's) and the search's scores (:func:`xmc_steps.resources.check_memory`)."""
-    from ..resources import check_memory, dense_bytes
-
-    try:
-        D = int(io.read_json(encoders.resolve(params.encoder) / "config.json")["hidden_size"])
-    except (OSError, ValueError, KeyError):
-        return                                           # the encoder's own loading says what is wrong
-    need = dense_bytes(n_train, D) + 3 * dense_bytes(L, D) + dense_bytes(L, D, dtype=np.float16)
-    check_memory(f"the dual encoder's embeddings ({n_train:,} training texts, {L:,} labels, width {D})", need,
-                 "a smaller encoder (dual_encoder.encoder) or a machine with more memory "
-                 "(resources.dual_encoder_train.mem_mb)", st.log)
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -94,142 +54,31 @@ def _train_main(args: argparse.Namespace) -> None:
     with stage_run("dual_encoder_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = _params(st, "dual_encoder_train")
         train_split_only(params.train, "the dual encoder")
-        if bool(args.linear_model) != bool(args.tfidf_valid):
-            raise StageError("--linear-model and --tfidf-valid go together (the guard's linear tree on the valid "
-                             "split)")
-        with st.timed("load"):
-            tokens = load_tokens(args.tokens_dir, ("train", "valid"))
-            try:
-                Y_train, Y_valid = io.load_csr(args.labels_train), io.load_csr(args.labels_valid)
-            except (OSError, ValueError) as e:
-                raise StageError(f"labels: {e}") from e
-            L = Y_train.shape[1]
-            texts = _label_texts(args.label_table, L, st.log)
-        for name, Y in (("train", Y_train), ("valid", Y_valid)):
-            if Y.shape[1] != L:
-                raise StageError(f"Y_{name} has {Y.shape[1]} labels but Y_train has {L}")
-            if Y.shape[0] != len(tokens[name]):
-                raise StageError(f"Y_{name} has {Y.shape[0]} rows but tokens_{name} has {len(tokens[name])}")
-        n = len(tokens["train"])
-        try:
-            params = params.resolved(n, L)
-        except ValueError as e:
-            raise StageError(str(e)) from e
-        width = neural.check_tokens(params.encoder, tokens, params.max_length, "dual_encoder")
-        if params.max_length is None:
-            params.max_length = width
-        limit = encoders.max_positions(params.encoder)
-        if limit is not None and params.label_max_length > limit:
-            raise StageError(f"dual_encoder.label_max_length = {params.label_max_length} exceeds the {limit} positions "
-                             f"of encoder '{params.encoder}'")
-        st.params.clear()
-        st.params.update(params.to_dict())
-        _check_memory(st, params, n, L)
-        with st.timed("label_tokens"):
-            ltok = label_tokens(texts, params.encoder, params.label_max_length)
-        st.metric("label_tokens_mean", float(np.mean(ltok.lengths)) if L else 0.0)
-        try:
-            model = build_model(params, pretrained=True)
-        except OSError as e:
-            raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
-        w = guard_width(params.topk, L)
-        st.log.info("dual_encoder: encoder %s (%s pooling, dim %d), %s loss (temperature %g%s), %s batches%s, %s, "
-                    "%d steps (batch %d, lr %g), label texts of <= %d tokens (mean %.1f), L = %d, %d train / %d valid "
-                    "texts; the guard at recall@%d", params.encoder, params.pooling, model.dim, params.loss,
-                    params.temperature, f", margin {params.margin}" if params.loss == "triplet" else "",
-                    params.batching,
-                    f" (clusters of <= {params.cluster_size}, re-clustered every {params.refresh_every} epochs)"
-                    if params.batching == "ngame" else "",
-                    f"{params.hard_negatives} mined negatives per text from its {params.mine_depth} nearest labels "
-                    f"(labels re-encoded every {params.label_refresh_every:g} epochs)" if params.hard_negatives
-                    else "in-batch negatives only", params.train.steps, params.train.batch_size, params.train.lr,
-                    params.label_max_length, float(np.mean(ltok.lengths)) if L else 0.0, L, n, len(tokens["valid"]), w)
-        ckpt_dir = out / "checkpoints"
-        curve = CurveLog(ckpt_dir / "curve.json")
-        log_step = st.step_logger({"loss": "train_loss"})
-
-        def on_step(step: int, logs: dict[str, float]) -> None:
-            log_step(step, logs)
-            curve.add(step, logs, ("valid_recall", "valid_p_at_1"))
-
-        with training_device(st, params) as device:
-            with st.timed("train"):
-                trainer = train_dual_encoder(model, tokens["train"], Y_train, ltok, params, ckpt_dir, w, st.log,
-                                             on_step, valid=(tokens["valid"], Y_valid))
-            record_training(st, trainer)
-            with st.timed("label_emb"):
-                label_emb = encode(model, ltok, params.eval_batch_size, trainer.device, params.amp, st.log.info)
-                index = build_label_index(label_emb, params.search, params.exact_max_labels, params.train.seed)
-            st.extra["label_index"] = index.kind
-            with st.timed("valid"):
-                m, top = valid_metrics(model, tokens["valid"], Y_valid, None, params, w, trainer.device,
-                                       st.log.info, index=index)
-            prior = frequency_prior(Y_train, Y_valid, w)
-            with st.timed("guard"):
-                lin_index = lin_ranked = beam = None
-                if args.linear_model:
-                    lin_index, lin_ranked, beam = linear_valid(args.linear_model, args.tfidf_valid, w,
-                                                               len(tokens["valid"]))
-                try:
-                    report, _ = check(top, Y_valid, Y_train, params.topk, lin_index, lin_ranked, m["p_at_1"])
-                except ValueError as e:
-                    raise StageError(str(e)) from e
-            for k, v in m.items():
-                st.metric(f"valid_{k}", v)
-            for k, v in prior.items():
-                st.metric(f"valid_prior_{k}", v)
-            for k, v in {**report.baselines, **report.info}.items():
-                st.metric(f"valid_recall_{k}", v)
-            start = trainer.start_valid
-            if start is not None:
-                st.metric("valid_start_recall", start["recall"])
-                st.metric("valid_start_p_at_1", start["p_at_1"])
-            st.log.info("guard: valid recall@%d %.4f (P@1 %.4f, P@5 %.4f); %s%s%s", w, report.shortlist, m["p_at_1"],
-                        m["p_at_5"],
-                        ", ".join(f"{k} {v:.4f}" for k, v in report.baselines.items()),
-                        "".join(f"; recorded: {k} {v:.4f}" for k, v in report.info.items()),
-                        "" if start is None else f"; the pre-trained start {start['recall']:.4f} (valid subset)")
-            io.write_json(out / GUARD, report_dict(report, recall_at=w, linear_beam=beam, start=start,
-                                                   allow_weak=params.allow_weak, curve=curve.to_dict()))
-            st.output("guard", out / GUARD)
-            lines = {f"{k} recall@{w}": v for k, v in report.baselines.items()}
-            plot_curve(out / CURVE, curve.points, {"valid_recall": f"recall@{w} (valid subset)",
-                                                   "valid_p_at_1": "P@1 (valid subset)"},
-                       lines, ("final, all valid", report.shortlist),
-                       f"dual encoder ({params.loss}, {params.batching}): L = {L}", "valid metric")
-            st.output("curve", out / CURVE)
-            msg = message(report)
-            if msg is not None:
-                if not params.allow_weak:
-                    raise StageError(msg)
-                st.log.warning("%s (continuing: dual_encoder.allow_weak is true)", msg)
-            meta = {"encoder": params.encoder, "max_length": width, "label_max_length": params.label_max_length,
-                    "params": params.to_dict(), "train_steps": trainer.step, "n_train": n, "device": str(device),
-                    "valid": m, "valid_prior": prior, "valid_start": start, "guard": report_dict(report)}
-            save_dual_encoder(st, out, model, label_emb, {**meta, "label_index": index.kind}, index)
-        remove_checkpoints(ckpt_dir)
+        run_training(st, out, params, TrainingFiles(args.tokens_dir, args.labels_train, args.labels_valid,
+                                                    args.label_table, args.linear_model, args.tfidf_valid))
 
 
 def _predict_main(args: argparse.Namespace) -> None:
     outs = [args.out] + [p for p in (args.emb_out, args.shortlist_out) if p]
     with stage_run("dual_encoder_predict", args, outputs=outs) as st:
+        overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _params(st, "dual_encoder_predict")
-        _, tokens, device = prediction_inputs(st, params, args.model, JSON, args.tokens)
+        meta, tokens, device = prediction_inputs(st, params, args.model, JSON, args.tokens)
+        p = PredictParams.effective(meta, overrides)
         with st.timed("load"):
             try:
-                model, label_emb = load_dual_encoder(args.model, device)
-                index = load_label_index(args.model, label_emb, params.search, params.exact_max_labels)
+                loaded = load(args.model, device, p)
             except (OSError, ValueError, KeyError, RuntimeError) as e:
                 raise StageError(f"--model {args.model}: {e}") from e
-        short = params.shortlist_topk or params.topk
-        k = max(params.topk, short if args.shortlist_out else 0)
-        st.params.update({"topk": params.topk, "shortlist_topk": short, "model": str(args.model),
-                          "label_index": index.kind})
+        short = p.shortlist_topk or p.topk
+        k = max(p.topk, short if args.shortlist_out else 0)
         with st.timed("predict"):
-            r = predict(model, tokens, None, k, params.eval_batch_size, device, params.amp, progress=st.log.info,
-                        with_emb=bool(args.emb_out), index=index)
+            r = predict(args.model, tokens, overrides, device, progress=st.log.info, with_emb=bool(args.emb_out),
+                        loaded=loaded, k=k)
+        st.params.update({**p.to_dict(), "shortlist_topk": short, "model": str(args.model),
+                          "label_index": r["index"].kind})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
-        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+        st.predictions(args.out, r["scores"], p.topk, r["seconds"])
         if args.shortlist_out:
             io.write_predictions(args.shortlist_out, r["scores"], short)
             st.output("shortlist", args.shortlist_out)

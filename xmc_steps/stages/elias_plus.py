@@ -117,14 +117,13 @@ def _calibrate_cli(args) -> None:
 
 def _predict_cli(args) -> None:
     with stage_run("elias_plus_predict", args, outputs=[args.out]) as st:
-        W, meta = elias_plus.load_ranker(args.model)
-        p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]), **{k: v for k, v in st.params.items() if k in ("topk", "uncalibrated", "calibrate_top")}})
-        L = meta["n_labels"]
-        Xr, cand = _inputs(args, st, p, L)
+        try:
+            L = io.read_json(Path(args.model) / "ranker.json")["n_labels"]
+        except (OSError, ValueError, KeyError) as e:
+            raise StageError(f"--model {args.model}: not an ELIAS++ ranker ({e})") from e
+        X, E, P = _stack_csr(args.tfidf), _stack_emb(args.emb), _stack_pred(args.candidates, L)
         t0 = time.perf_counter()
-        tree = io.load_arrays(Path(args.calibration) / "calibration.npz") if args.calibration else None
-        out = elias_plus.plus_scores(Xr, W, cand, p, tree,
-                                     elias_plus.label_train_freq(args.model) if tree is not None else None)
+        out, p = elias_plus.predict(args.model, X, E, P, st.params, args.calibration)
         st.predictions(args.out, out, p.topk, time.perf_counter() - t0)
 
 

@@ -89,7 +89,7 @@ def _train_main(args: argparse.Namespace) -> None:
         with st.timed("load"):
             data = load_training_data(args.tokens_dir, args.labels_train, args.labels_valid, args.tree,
                                       params.backbone.flat_max_labels, params.backbone.train.fit_valid)
-        backbone, width = fit_params(params.backbone, data)
+        backbone, width = fit_params(params.backbone, data, "gudn.backbone")
         own = {k: v for k, v in st.params.items() if k != "backbone"}
         st.params.clear()
         st.params.update({"backbone": backbone.to_dict(), **own})

@@ -14,7 +14,9 @@ set is small (``L <= flat_max_labels``: one label per cluster, the tree is not u
 fails when the model's valid P@1 is not above the frequency prior's (``allow_weak: true`` makes
 that a warning).  Checkpoints go to ``OUT/checkpoints`` and are removed once every output is
 written (:func:`xmc_steps.lightxml.run.run_training`).  ``predict`` writes the top-``topk`` (default
-100) labels by ``p`` (:func:`xmc_steps.io.write_predictions`) and ``predict_latency_ms_per_doc``.
+100) labels by ``p`` (:func:`xmc_steps.io.write_predictions`) and ``predict_latency_ms_per_doc``: it is
+:func:`xmc_steps.lightxml.serve.predict`, serving's too (the parameters saved with the model, overridden by
+the rule's settings).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import argparse
 from pathlib import Path
 
 from ..errors import StageError
-from ..lightxml.model import load_lightxml, predict
 from ..lightxml.params import LightXMLParams
 from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
+from ..lightxml.serve import PredictParams, load, predict
 from ..neural_stage import prediction_inputs, stage_params
 from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
 
@@ -49,18 +51,20 @@ def _train_main(args: argparse.Namespace) -> None:
 
 def _predict_main(args: argparse.Namespace) -> None:
     with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
+        overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _parse_params(st, args, "lightxml_predict")
         _, tokens, device = prediction_inputs(st, params, args.model, "lightxml.json", args.tokens)
         with st.timed("load"):
             try:
-                model = load_lightxml(args.model, device)
+                model = load(args.model, device)
             except (OSError, ValueError, KeyError) as e:
                 raise StageError(f"--model {args.model}: {e}") from e
-        st.params.update({"topk": params.topk, "model": str(args.model)})
         with st.timed("predict"):
-            r = predict(model, tokens, params.topk, params.eval_batch_size, device, params.amp, progress=st.log.info)
+            r = predict(args.model, tokens, overrides, device, progress=st.log.info, model=model)
+        p = r["params"]
+        st.params.update({**p.to_dict(), "model": str(args.model)})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
-        st.predictions(args.out, r["scores"], params.topk, r["seconds"])
+        st.predictions(args.out, r["scores"], p.topk, r["seconds"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,7 +44,7 @@ from ..search import expand_children, matcher_scores
 from ..stage import StageError, add_common_args, cli_main, stage_run
 from ..xtransformer.guard import check_guard
 from ..xtransformer.ranker import (CANDIDATES, COMBINERS, XTransformerRankerParams, candidate_clusters, load, load_head,
-                                   predict, ranker_bytes, save, train)
+                                   predict, predict_model, predict_params, ranker_bytes, save, train)
 
 
 def _stack_csr(paths: list[str]) -> sp.csr_matrix:
@@ -112,21 +112,12 @@ def _train_cli(args) -> None:
         st.metric("train_s", st.timings["train"])
 
 
-#: settings that may differ between training the rankers and predicting with them
-PREDICT_KEYS = ("topb", "topk", "candidates", "combiner", "transform")
-
-
 def _predict_cli(args) -> None:
     with stage_run("xtransformer_predict", args, outputs=[args.out]) as st:
-        W, C, p, meta = load(args.model)
-        unknown = set(st.params) - set(PREDICT_KEYS)
-        if unknown:
-            raise StageError(f"prediction parameter(s) {sorted(unknown)} cannot differ from training; "
-                             f"allowed: {', '.join(PREDICT_KEYS)}")
-        for k, v in st.params.items():
-            setattr(p, k, v)
+        model = load(args.model)
+        overrides = dict(st.params)                     # the rule's settings
         try:
-            p.__post_init__()
+            p = predict_params(model[2], overrides)
         except ValueError as e:
             raise StageError(str(e)) from e
         args.p = p
@@ -140,12 +131,13 @@ def _predict_cli(args) -> None:
         resources.check_memory(f"the rankers' predictions of {X.shape[0]:,} documents ({p.ranker_input})",
                                ranker_bytes(X.shape[0], X.nnz, d, 0, p.topk),          # the weights are loaded
                                f"xtransformer's topk (predictions kept per document) or {_RANKER_SETTING}", st.log)
+        G = _stack_csr(args.clusters) if args.clusters else None
+        Lin = _stack_csr(args.linear) if args.linear else None
+        for name, M in (("matcher clusters", G), ("linear clusters", Lin)):
+            if M is not None and M.shape[0] != X.shape[0]:
+                raise StageError(f"{name} of the test split have {M.shape[0]} rows, the features {X.shape[0]}")
         t0 = time.perf_counter()
-        Xr = ranker_features(X, emb, p.ranker_input, p.neural_weight)
-        if Xr.shape[1] != meta["n_features"]:
-            raise StageError(f"features have {Xr.shape[1]} columns, the rankers expect {meta['n_features']}")
-        G = matcher_scores(_load_candidates(args, X.shape[0], "the test split"), emb, head)
-        P = predict(Xr, W, C, G, p)
+        P, _, G = predict_model(args.model, X, emb, head, G, Lin, overrides, model)
         # the index + ranker part; the matcher's encoder time is in the matcher stage's record
         st.predictions(args.out, P, p.topk, time.perf_counter() - t0)
         st.metric("candidate_clusters_per_doc", G.nnz / max(G.shape[0], 1))

@@ -12,11 +12,13 @@ Modules
 * :mod:`.matcher`: :class:`MatcherModel` and Eq. 3's loss, the least-squares heads, training
   (:func:`train_matcher`), the cluster scores (:func:`predict_clusters`, :func:`topb_from_emb`,
   :func:`head_linear_topb`), :func:`finish_matcher` and :func:`load_matcher`;
-* :mod:`.guard`: the cluster metrics, the trivial matchers, :class:`GuardReport`,
+* :mod:`.run`: the matcher's training run its stage calls (as ELIAS's and LightXML's ``run``);
+* :mod:`.guard`: on the shared :mod:`xmc_steps.guard`, the cluster metrics, the trivial matchers, :class:`GuardReport`,
   :func:`check_matcher` (the matcher stage's test) and :func:`alone_failure` / :func:`check_guard`
   (the rankers' test with ``candidates: matcher``);
 * :mod:`.ranker`: :class:`XTransformerRankerParams` (``xtransformer.ranker``), the candidate clusters,
-  the rankers' training, Eq. 2 (``ranker.train``, ``ranker.predict``), the model folder and
+  the rankers' training, Eq. 2 (``ranker.train``, ``ranker.predict``; ``ranker.predict_model``, the
+  prediction the predict stage and serving share), the model folder and
   :func:`load_head`.  It loads no torch, nor does :mod:`.guard`.
 
 The names above can be imported from the package itself (``from xmc_steps.xtransformer import

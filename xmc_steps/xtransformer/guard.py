@@ -1,7 +1,9 @@
-"""The matcher's guard: the cluster metrics (P@1, recall@b), the trivial matchers it is compared
-with (the most frequent clusters, the linear tree's beam), :class:`GuardReport` and its two tests
-(:func:`check_matcher`, the matcher stage's; :func:`alone_failure` / :func:`check_guard`, the rankers'
-with ``candidates: matcher``).  Why and how: docs/methods/xtransformer.md."""
+"""The matcher's guard: what the shared guard (:mod:`xmc_steps.guard`: the trivial baselines,
+``best_baseline``, the failure message, :func:`~xmc_steps.guard.enforce`) needs over clusters: the
+cluster metrics (P@1, recall@b), the trivial matchers (the most frequent clusters, the linear tree's
+beam), the matcher's :class:`GuardReport` and its two tests (:func:`check_matcher`, the matcher stage's;
+:func:`alone_failure` / :func:`check_guard`, the rankers' with ``candidates: matcher``).  Why and how:
+docs/methods/xtransformer.md."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import scipy.sparse as sp
 from .. import io
 from ..baselines import most_frequent_top, recall_of_top
 from ..errors import StageError
+from ..guard import Advice, Baselines, best_of, enforce, failure_message
+from ..guard import guard_width as shared_guard_width
 from ..negatives import binarize
 from ..search import topk_per_row
 
@@ -50,17 +54,22 @@ cluster_recall = recall_of_top
 frequency_topb = most_frequent_top
 
 
-def guard_width(topb: int, K: int) -> int:
-    """The ``b`` the guard compares at: ``topb``, but at most half the clusters (at ``K <= 2 topb``
-    the top-``topb`` holds most clusters and recall@topb cannot tell a matcher from a guess)."""
-    return max(1, min(int(topb), K // 2))
+#: the ``b`` the guard compares at, ``guard_width(topb, K)``: ``topb``, but at most half the clusters (at
+#: ``K <= 2 topb`` the top-``topb`` holds most clusters and recall@topb cannot tell a matcher from a guess)
+guard_width = shared_guard_width
 
 
 # --------------------------------------------------------------------------- the guard
 
 
+#: what a failed matcher guard tells the user (:func:`xmc_steps.guard.failure_message`)
+ADVICE = Advice("the matcher", "Train it longer or from a better start (xtransformer.matcher.epochs, lr, lr_head, "
+                "head_init: linear), give it fewer clusters (xtransformer.cluster.leaf_size)", "xtransformer.matcher",
+                "this matcher", resumable=True)
+
+
 @dataclass
-class GuardReport:
+class GuardReport(Baselines):
     """Valid cluster recall@b of the matcher next to the trivial baselines (:func:`check_matcher`)."""
 
     b: int
@@ -72,11 +81,6 @@ class GuardReport:
     union: float | None = None           # recall of the matcher's top-b together with the tree's top-b
     linear_same_budget: float | None = None   # the tree's recall with as many clusters per document
     union_clusters: float | None = None  # clusters per document in that union (mean)
-
-    @property
-    def best_baseline(self) -> tuple[str, float]:
-        name = max(self.baselines, key=lambda k: self.baselines[k])
-        return name, self.baselines[name]
 
     @property
     def head_learned(self) -> bool:
@@ -113,7 +117,7 @@ class GuardReport:
         return out
 
     def message(self) -> str:
-        base = ", ".join(f"{k} {v:.4f}" for k, v in self.baselines.items())
+        base = self.baselines_text()
         name, v = self.best_baseline
         if not self.head_learned:
             what = (f"the matcher's head alone has valid cluster recall@{self.b} {self.head:.4f}, not above the "
@@ -126,11 +130,7 @@ class GuardReport:
                 what += (f", and with the linear tree's top-{self.b} it reaches {self.union:.4f} "
                          f"({self.union_clusters:.1f} clusters per document), not above the tree alone with as "
                          f"many clusters ({self.linear_same_budget:.4f})")
-        return (f"the matcher learned too little: {what} at K = {self.K} clusters. "
-                "Train it longer or from a better start (xtransformer.matcher.epochs, lr, lr_head, "
-                "head_init: linear), give it fewer clusters (xtransformer.cluster.leaf_size), or set "
-                "xtransformer.matcher.allow_weak: true to go on with this matcher; the trained weights stay in "
-                "the output folder's checkpoints/, so a rerun does not train again")
+        return failure_message(f"{what} at K = {self.K} clusters", ADVICE)
 
 
 def check_matcher(top_valid: sp.spmatrix, M_valid: sp.spmatrix, M_train: sp.spmatrix, b: int,
@@ -165,7 +165,7 @@ def alone_failure(guard: Mapping[str, Any]) -> str | None:
     (the union the default ``candidates: union`` searches); a stage that searches the matcher's
     top-b alone asks this instead (the X-Transformer rankers' stage, ``--guard``)."""
     base = dict(guard["baselines"])
-    name = max(base, key=lambda k: base[k])
+    name = best_of(base)[0]
     matcher, head = float(guard["matcher_recall_at_b"]), float(guard.get("head_recall_at_b", guard["matcher_recall_at_b"]))
     b = guard.get("b")
     if head <= base["most_frequent"]:
@@ -180,10 +180,12 @@ def alone_failure(guard: Mapping[str, Any]) -> str | None:
                     "candidates: matcher never searches"
     else:
         return None
-    return (f"candidates: matcher (the paper's Eq. 2) searches the matcher's top-{b} alone, and {what} at K = "
-            f"{guard.get('K')} clusters. Train the matcher longer or from a better start (xtransformer.matcher.train), "
-            "search the union with the linear tree (xtransformer.ranker.candidates: union), or set "
-            "xtransformer.matcher.allow_weak: true to go on with this matcher")
+    return failure_message(f"candidates: matcher (the paper's Eq. 2) searches the matcher's top-{b} alone, and "
+                           f"{what} at K = {guard.get('K')} clusters",
+                           Advice("the matcher", "Train the matcher longer or from a better start "
+                                  "(xtransformer.matcher.train), search the union with the linear tree "
+                                  "(xtransformer.ranker.candidates: union)", ADVICE.section, ADVICE.kept,
+                                  failed="is too weak to be searched alone"))
 
 
 def check_guard(guard_path: str | None, candidates: str, log) -> None:
@@ -199,7 +201,4 @@ def check_guard(guard_path: str | None, candidates: str, log) -> None:
         raise StageError(f"cannot read the matcher's guard {guard_path}: {e}") from e
     if why is None:
         log.info("guard: the matcher beats the trivial baselines on its own (candidates: matcher)")
-    elif guard.get("allow_weak"):
-        log.warning("%s (continuing: xtransformer.matcher.allow_weak is true)", why)
-    else:
-        raise StageError(why)
+    enforce(why, bool(guard.get("allow_weak")), ADVICE.section, log)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Mapping, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -150,6 +150,45 @@ def load(folder: str | Path) -> tuple[sp.csc_matrix, sp.csr_matrix, XTransformer
     return (sp.csc_matrix(io.load_csr(folder / "W.npz")), io.load_csr(folder / "C.npz"),
             XTransformerRankerParams.from_dict(XTransformerRankerParams.upgrade(meta["params"])), meta)
 
+
+
+#: the saved ranker parameters a prediction may set (the predict rule's settings, serving's); the others
+#: cannot differ from training
+PREDICT_KEYS = ("topb", "topk", "candidates", "combiner", "transform")
+
+
+def predict_params(saved: XTransformerRankerParams, overrides: Mapping[str, Any] | None = None
+                   ) -> XTransformerRankerParams:
+    """The rankers' saved parameters with ``overrides`` (:data:`PREDICT_KEYS` only: another key is a
+    ``ValueError`` naming it)."""
+    over = dict(overrides or {})
+    unknown = set(over) - set(PREDICT_KEYS)
+    if unknown:
+        raise ValueError(f"prediction parameter(s) {sorted(unknown)} cannot differ from training; "
+                         f"allowed: {', '.join(PREDICT_KEYS)}")
+    return type(saved).from_dict({**saved.to_dict(), **over})
+
+
+def predict_model(model_dir: str | Path, tfidf: sp.spmatrix, emb: np.ndarray, head: np.ndarray,
+                  matcher_top: sp.spmatrix | None, linear_top: sp.spmatrix | None,
+                  overrides: Mapping[str, Any] | None = None, model: tuple | None = None
+                  ) -> tuple[sp.csr_matrix, XTransformerRankerParams, sp.csr_matrix]:
+    """X-Transformer's one prediction path over a trained ranker folder (the predict stage's and serving's):
+    the candidate clusters (:func:`candidate_clusters` of the matcher's and the linear tree's top clusters),
+    the matcher's scores there (``head``, ``emb``: :func:`~xmc_steps.search.matcher_scores`) and Eq. 2 of
+    the rankers on [TF-IDF ⊕ ``emb``] (:func:`predict`), with the saved parameters overridden
+    (:func:`predict_params`).  Returns the scores, the parameters used and the matcher's scores ``G``.
+    ``model``: the folder's :func:`load` when the caller has it."""
+    from ..ranker import ranker_features
+    from ..search import matcher_scores
+
+    W, C, saved, meta = model if model is not None else load(model_dir)
+    p = predict_params(saved, overrides)
+    Xr = ranker_features(tfidf, emb, p.ranker_input, p.neural_weight)
+    if Xr.shape[1] != meta["n_features"]:
+        raise StageError(f"features have {Xr.shape[1]} columns, the rankers expect {meta['n_features']}")
+    G = matcher_scores(candidate_clusters(matcher_top, linear_top, p.candidates, p.topb), emb, head)
+    return predict(Xr, W, C, G, p), p, G
 
 
 def ranker_bytes(n: int, nnz_tfidf: int, d: int, n_labels: int, topk: int = 0) -> int:

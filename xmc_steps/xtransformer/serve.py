@@ -9,8 +9,6 @@ import torch
 
 from .. import io, neural
 from ..layout import GUARD, WEIGHTS
-from ..ranker import ranker_features
-from ..search import matcher_scores
 from ..serving import Features, Target, cached, ensemble_of
 from ..xr_linear.model import XRLinearModel
 from . import ranker
@@ -20,7 +18,8 @@ from .spec import linear_model_dir, xt_members, xt_spec
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
     """Each member as its stages score the test split: the matcher's encoder pass and top-b clusters (by
-    the scorer its guard chose), the linear tree's beam, Eq. 2 over the candidate clusters."""
+    the scorer its guard chose), the linear tree's beam, Eq. 2 over the candidate clusters
+    (:func:`xmc_steps.xtransformer.ranker.predict_model`, the predict stage's, with the rule's overrides)."""
     xt = t.settings["xtransformer"]
     spec = xt_spec(t.settings, variant)
     members = xt_members(t.settings, variant)
@@ -43,10 +42,8 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         scorer = io.read_json(mdir / GUARD).get("scorer", "head")
         with torch.no_grad():
             top = head_linear_topb(emb, head, lin_top, topb, dev) if scorer == "head+linear" else topb_from_emb(emb, head, topb, dev)
-        W, C, p, rmeta = cached(("xt-ranker", str(rdir)), lambda: ranker.load(rdir))
-        p = type(p).from_dict({**p.to_dict(), "topb": topb, "topk": k, "candidates": m.candidates,
-                               "combiner": m.combiner, "transform": xt["ranker"]["transform"]})
-        Xr = ranker_features(f.tfidf, emb, p.ranker_input, p.neural_weight)
-        G = matcher_scores(ranker.candidate_clusters(top, lin_top, p.candidates, p.topb), emb, head)
-        out.append(ranker.predict(Xr, W, C, G, p))
+        model = cached(("xt-ranker", str(rdir)), lambda: ranker.load(rdir))
+        over = {"topb": topb, "topk": k, "candidates": m.candidates, "combiner": m.combiner,
+                "transform": xt["ranker"]["transform"]}
+        out.append(ranker.predict_model(rdir, f.tfidf, emb, head, top, lin_top, over, model)[0])
     return ensemble_of(out, spec["ensemble"], topk)
