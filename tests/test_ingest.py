@@ -229,3 +229,17 @@ def test_a_carriage_return_inside_a_labels_line_is_an_error(tmp_path):
     (d / "test_labels.txt").write_bytes(b"a\rb\rc\n")
     with pytest.raises(StageError, match=r"test_labels.txt:1: a carriage return inside a labels line"):
         run_ingest(tmp_path)
+
+
+def test_labels_separated_by_commas_are_an_error_naming_file_and_line(tmp_path):
+    train = TRAIN[:3] + [("doc about pears", ["a,b"])] + TRAIN[3:]
+    write_raw_dataset(tmp_path / "data" / "toy", train, TEST)
+    with pytest.raises(StageError, match=r"train_labels.txt:4: labels separated by commas \('a,b'\)"):
+        run_ingest(tmp_path)
+
+
+def test_a_declared_label_id_may_hold_a_comma(tmp_path):
+    train = [(t, ["x,y"] if i == 0 else l) for i, (t, l) in enumerate(TRAIN)]
+    write_raw_dataset(tmp_path / "data" / "toy", train, TEST, label_ids=["a", "b", "c", "x,y"])
+    out = run_ingest(tmp_path)
+    assert "x,y" in io.read_table(out / "labels.parquet").to_pydict()["label_id"]
