@@ -191,3 +191,21 @@ def test_few_texts_get_the_tfidf_bytes_of_the_dag_transform(params):
         got, want = model.transform_few([t]), ref[i]
         assert np.array_equal(got.indices, want.indices) and np.array_equal(got.data.view(np.int32), want.data.view(np.int32))
     assert xp.FEW_TEXTS >= 1
+
+
+def test_a_pipe_is_an_input_file(tmp_path, monkeypatch, capfd):
+    """``--input <(head -1 f)``: the shell passes /dev/fd/N, a pipe that is no regular file and reads once."""
+    import os
+    import threading
+
+    model = _fake_target(tmp_path, monkeypatch, noisy=False)
+    fifo = tmp_path / "texts.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(b"first text\nsecond text\n"))
+    writer.start()
+    try:
+        assert predict_stage.main(["--model", str(model), "--input", str(fifo), "--top-k", "1"]) == 0
+    finally:
+        writer.join(timeout=30)
+    rows = [json.loads(x) for x in capfd.readouterr().out.splitlines()]
+    assert [r["line"] for r in rows] == [1, 2]

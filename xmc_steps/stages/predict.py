@@ -10,7 +10,8 @@ DAG evaluates: ``xr-linear``, ``parabel``, ``xtransformer[-<variant>]``, ``elias
 make it up (:mod:`xmc_steps.layout`); each is checked before anything is computed, and a
 missing one is an error naming it and the command that builds it.
 
-The input is one text per line (``--input FILE`` or stdin), UTF-8.  A line that is not valid
+The input is one text per line (``--input FILE`` or stdin), UTF-8; ``FILE`` may be a pipe
+(``--input <(head -1 texts.txt)``, a FIFO), read once.  A line that is not valid
 UTF-8 or is empty (nothing but white space) is an error naming the file and the line, unless
 ``--skip-empty``: such lines are then answered with no labels.  The texts go through the same
 code as the DAG's test split: the fitted TF-IDF (``features/tfidf/vocab.parquet`` and the
@@ -83,11 +84,17 @@ def main(argv: list[str] | None = None) -> int:
             stream, name, total = sys.stdin.buffer, "<stdin>", None
         else:
             path = Path(args.input)
-            if not path.is_file():
+            if not path.exists() or path.is_dir():
                 raise PredictError(f"--input {path}: no such file")
-            with open(path, "rb") as fh:
-                total = sum(1 for _ in fh)
-            stream, name = open(path, "rb"), str(path)
+            if path.is_file():
+                with open(path, "rb") as fh:
+                    total = sum(1 for _ in fh)
+                stream, name = open(path, "rb"), str(path)
+            else:                       # a pipe (``--input <(head -1 f)``, a FIFO): read once
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                stream, name = _io.BytesIO(data), str(path)
+                total = sum(1 for _ in _io.BytesIO(data))
         try:
             ids = read_ids(args.ids, total) if args.ids else None
             results = answers(target, read_texts(stream, name, args.skip_empty), args.top_k, args.batch_size,
