@@ -34,5 +34,6 @@ SPEC = MethodSpec(
     predictions=predictions, records=records, concepts=concepts,
     predictor="xmc_steps.parabel.serve:scores", rules="linear.smk",
     patterns={"PARABEL": PARABEL},
+    params=(("parabel", "xmc_steps.parabel.model:ParabelParams", ()),),
     rule_settings={"parabel_train": BASE_SETTINGS + ["tfidf", "parabel"],
                    "parabel_predict": BASE_SETTINGS + ["tfidf", "parabel"]})
