@@ -252,6 +252,23 @@ def log_parent_artifacts(result: Mapping[str, Any], out: str, plot: str, log=Non
             log.warning("could not log the results as artifacts of the MLflow parent run: %s", e)
 
 
+def log_parent_model(result: Mapping[str, Any], out: str, log=None) -> tuple[str, str] | None:
+    """The target (``out`` without ``.json``: ``results/<dataset>/<method>``) as an MLflow pyfunc model in
+    its parent run, registered as ``<dataset>-<method>`` (:mod:`xmc_steps.mlflow_model`); returns (name,
+    version).  ``XMC_LOG_MODEL=0`` skips it; trouble is a warning, as every tracking trouble is."""
+    run_id = (result.get("mlflow") or {}).get("parent_run_id")
+    if not run_id or os.environ.get("XMC_LOG_MODEL", "1") == "0":
+        return None
+    try:
+        from . import mlflow_model
+
+        return mlflow_model.log_target_model(str(out)[:-len(".json")] if str(out).endswith(".json") else out, run_id, log)
+    except Exception as e:  # tracking trouble must not lose the results
+        if log:
+            log.warning("could not log the target as an MLflow model: %s: %s", type(e).__name__, e)
+        return None
+
+
 # --------------------------------------------------------------------------- schema, plot
 
 

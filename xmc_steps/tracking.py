@@ -96,6 +96,7 @@ __all__ = [
     "flatten_params",
     "git_commit",
     "mark_killed_runs",
+    "model_lock",
     "outputs_key",
     "stage_entities",
     "SHARED",
@@ -197,6 +198,17 @@ def _file_lock(uri: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def model_lock(uri: str | None = None) -> Iterator[None]:
+    """The store's lock (:func:`lock_path`) around a sequence of MLflow calls made outside this module
+    (a model logged and registered, :mod:`xmc_steps.mlflow_model`), so parallel jobs never fail on a
+    locked SQLite database."""
+    uri = uri or tracking_uri()
+    _preimport(uri)
+    with _file_lock(uri):
+        yield
 
 
 # ----------------------------------------------------------------------- helpers

@@ -39,6 +39,9 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
   package versions, device, MLflow run ids (this stage's and the parent run's),
   and the paper's reported figures (``--reported``; see :func:`xmc_steps.papers.select_reported`).
 
+With tracking on, the target is then logged as an MLflow model in its parent run and registered as
+``<dataset>-<method>`` (:mod:`xmc_steps.mlflow_model`; ``XMC_LOG_MODEL=0`` skips it).
+
 The result is validated against ``workflow/schemas/results.schema.json`` before
 anything is written; the plot and the JSON are written atomically, and the stage
 harness removes both if anything fails.  The evaluate stage's own MLflow run id only
@@ -62,8 +65,8 @@ import scipy.sparse as sp
 from .. import io
 from .. import metrics as xm
 from ..evaluate import (N_BINS, SCHEMA_VERSION, annotate_parent_run, collect_versions, detect_device, load_schema,
-                        load_stage_records, log_parent_artifacts, parent_run_id, plot_decile_recall, propensity,
-                        summarise_stages, validate_result)
+                        load_stage_records, log_parent_artifacts, log_parent_model, parent_run_id, plot_decile_recall,
+                        propensity, summarise_stages, validate_result)
 from ..papers import select_reported
 from ..stage import StageError, add_common_args, cli_main, stage_run
 
@@ -254,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             io.write_json(args.out, result)
     if tracking_enabled(args):
         log_parent_artifacts(result, args.out, args.plot, logging.getLogger("xmc_steps.evaluate"))
+        log_parent_model(result, args.out, logging.getLogger("xmc_steps.evaluate"))
     return result
 
 
