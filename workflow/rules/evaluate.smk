@@ -19,6 +19,8 @@ rule effective_config:
     """The effective settings of a target and their hash, for its results file."""
     output:
         R(lay.CONFIG),
+    log:
+        "logs/effective_config/{dataset}-{method}.log",
     params:
         settings=lambda w: json.dumps(xcfg.method_settings(config, w.dataset, w.method), sort_keys=True),
     localrule: True
@@ -26,7 +28,7 @@ rule effective_config:
         "../../envs/cpu.yaml"
     shell:
         "{PY:q} -m xmc_steps.stages.effective_config --dataset {wildcards.dataset} --method {wildcards.method} "
-        "--settings {params.settings:q} --out {output:q}"
+        "--settings {params.settings:q} --out {output:q} 2> {log:q}"
 
 
 rule evaluate:
