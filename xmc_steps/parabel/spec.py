@@ -30,6 +30,7 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
 
 
 SPEC = MethodSpec(
+    paper='Parabel (Prabhu et al., WWW 2018), through omikuji',
     name="parabel", section="parabel", sections=("split", "ingest", "tfidf", "parabel", "evaluate"),
     predictions=predictions, records=records, concepts=concepts,
     predictor="xmc_steps.parabel.serve:scores", rules="linear.smk",

@@ -201,7 +201,9 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if tracking_enabled(args):
-        result["mlflow"]["shared_stage_runs"] = annotate_parent_run(dataset, method, records, m, config, int(L), log)
+        result["mlflow"]["shared_stage_runs"] = annotate_parent_run(
+            dataset, method, records, m, config, int(L), log, costs=summary,
+            sizes={"n_train_docs": int(Y_train.shape[0]), "n_test_docs": int(n_test)})
         result["mlflow"]["parent_run_id"] = parent_run_id(dataset, method, log)
     return result
 
