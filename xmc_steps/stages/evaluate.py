@@ -35,6 +35,8 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
   ``predict_latency_parts_ms_per_doc`` lists the parts by stage.  Predictions made on
   the training or validation split to train a later stage are ``train`` phase;
   ``null`` when no predict-phase record carries a latency;
+* ``<method>_metrics.html`` beside ``--out``: the results as tables, for ``snakemake --report``
+  (:func:`xmc_steps.report_html.metrics_page`);
 * the effective config (``--effective-config`` JSON) and ``--config-hash``,
   package versions, device, MLflow run ids (this stage's and the parent run's),
   and the paper's reported figures (``--reported``; see :func:`xmc_steps.papers.select_reported`).
@@ -62,7 +64,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .. import io
+from .. import io, report_html
 from .. import metrics as xm
 from ..evaluate import (N_BINS, SCHEMA_VERSION, annotate_parent_run, collect_versions, detect_device, load_schema,
                         load_stage_records, log_parent_artifacts, log_parent_model, parent_run_id, plot_decile_recall,
@@ -208,6 +210,11 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
     return result
 
 
+def metrics_page_path(out: str) -> str:
+    """The report's metrics tables beside the results file: ``<method>.json`` -> ``<method>_metrics.html``."""
+    return (out[:-len(".json")] if out.endswith(".json") else out) + "_metrics.html"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.stages.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--predictions", required=True, help="test predictions Parquet (doc, labels, scores)")
@@ -229,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     schema = load_schema(args.schema)
     result: dict[str, Any] = {}
-    with stage_run("evaluate", args, outputs=[args.out, args.plot]) as st:
+    page = metrics_page_path(args.out)
+    with stage_run("evaluate", args, outputs=[args.out, args.plot, page]) as st:
         result = evaluate(args, st)
         validate_result(result, schema)
         for key in xm.METRIC_KEYS:
@@ -245,6 +253,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         st.output("plot", args.plot)
         io.write_json(args.out, result)
         st.output("results", args.out)
+        io.write_text(page, report_html.metrics_page(result))
+        st.output("metrics_page", page)
         st.log.info("P@1 %.2f  P@5 %.2f  PSP@5 %.2f  R@100 %.2f", result["metrics"]["p_at_1"],
                     result["metrics"]["p_at_5"], result["metrics"]["psp_at_5"], result["metrics"]["recall_at_100"])
     # The harness knows this stage's MLflow run id only after the block: fill it in.
