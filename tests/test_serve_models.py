@@ -98,6 +98,8 @@ def test_each_target_is_a_registered_model_with_signature_and_example(toy_linear
         v = max(versions, key=lambda m: int(m.version))
         res = json.loads((tmp / "results" / "toy" / f"{method}.json").read_text())
         assert v.run_id == res["mlflow"]["parent_run_id"]          # logged in the target's parent run
+        models = client.search_logged_models([client.get_experiment_by_name("toy").experiment_id])
+        assert any(m.source_run_id == v.run_id for m in models)      # in the dataset's experiment, not Default
         assert "toy" in v.description and method in v.description
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)

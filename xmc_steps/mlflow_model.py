@@ -182,6 +182,8 @@ def log_target_model(model: str | Path, run_id: str, log_=None) -> tuple[str, st
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
         with tracking.model_lock(uri):
+            # the registry's model entity goes to the active experiment: the run's (the dataset's), not Default
+            mlflow.set_experiment(experiment_id=mlflow.MlflowClient(uri).get_run(run_id).info.experiment_id)
             info = Model.log(artifact_path="model", flavor=mlflow.pyfunc, run_id=run_id, python_model=TargetModel(),
                              artifacts={ARTIFACT: str(folder)}, signature=signature, input_example=inp,
                              pip_requirements=_requirements(), registered_model_name=name, await_registration_for=0)
