@@ -171,7 +171,7 @@ def test_evaluate_end_to_end(artifacts):
     for key in xm.METRIC_KEYS:
         assert rec["metrics"][key] == pytest.approx(m[key])
     # no temporary files left behind
-    assert sorted(p.name for p in out.parent.iterdir()) == ["xr-linear.json", "xr-linear_decile_recall.png"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["xr-linear.json", "xr-linear_decile_recall.png", "xr-linear_metrics.html"]
 
 
 def test_schema_violation_raises_and_leaves_nothing(artifacts, monkeypatch):
