@@ -171,7 +171,7 @@ def test_evaluate_end_to_end(artifacts):
     for key in xm.METRIC_KEYS:
         assert rec["metrics"][key] == pytest.approx(m[key])
     # no temporary files left behind
-    assert sorted(p.name for p in out.parent.iterdir()) == ["xr-linear.json", "xr-linear_decile_recall.png"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["xr-linear.json", "xr-linear_decile_recall.png", "xr-linear_metrics.html"]
 
 
 def test_schema_violation_raises_and_leaves_nothing(artifacts, monkeypatch):
@@ -269,7 +269,9 @@ def test_mlflow_run_ids_filled_from_tracking(artifacts, monkeypatch):
     assert res["mlflow"]["parent_run_id"] == "parent-eurlex4k-xr-linear"
     # shared stages' runs (records with an empty method) are referenced from the parent
     assert linked[("eurlex4k", "xr-linear")] == res["mlflow"]["shared_stage_runs"] == {"ingest": "run-ingest", "tfidf": "run-tfidf"}
-    assert linked["metrics"]["p_at_1"] == res["metrics"]["p_at_1"]   # metrics on the parent run, for the UI
+    # metrics on the parent run, for the UI, rounded to 4 decimals; beside them the costs
+    assert linked["metrics"]["p_at_1"] == round(res["metrics"]["p_at_1"], 4)
+    assert {"train_s", "model_mb"} <= set(linked["metrics"])
     assert linked["commit"] == "abc123"
     # the results file, its plot and its leaderboard row are the parent's artifacts
     assert linked["artifacts"] == ("parent-eurlex4k-xr-linear",

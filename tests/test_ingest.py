@@ -252,3 +252,17 @@ def test_valid_size_carves_that_many_documents(tmp_path):
     out = run_ingest(tmp_path, settings={**SETTINGS, "split": {**SETTINGS["split"], "valid_size": 5}})
     assert len(io.read_table(out / "docs_valid.parquet").to_pydict()["text"]) == 5
     assert len(io.read_table(out / "docs_train.parquet").to_pydict()["text"]) == 15
+
+
+def test_labels_separated_by_commas_are_an_error_naming_file_and_line(tmp_path):
+    train = TRAIN[:3] + [("doc about pears", ["a,b"])] + TRAIN[3:]
+    write_raw_dataset(tmp_path / "data" / "toy", train, TEST)
+    with pytest.raises(StageError, match=r"train_labels.txt:4: labels separated by commas \('a,b'\)"):
+        run_ingest(tmp_path)
+
+
+def test_a_declared_label_id_may_hold_a_comma(tmp_path):
+    train = [(t, ["x,y"] if i == 0 else l) for i, (t, l) in enumerate(TRAIN)]
+    write_raw_dataset(tmp_path / "data" / "toy", train, TEST, label_ids=["a", "b", "c", "x,y"])
+    out = run_ingest(tmp_path)
+    assert "x,y" in io.read_table(out / "labels.parquet").to_pydict()["label_id"]

@@ -48,6 +48,9 @@ def test_cli_writes_the_table_the_csv_and_three_plots(tmp_path):
     for f in ("leaderboard.csv", "leaderboard.png", "leaderboard_recall.png", "leaderboard_deciles.png"):
         assert (out.parent / f).stat().st_size > 0, f
     assert (out.parent / "leaderboard.png").read_bytes()[:4] == b"\x89PNG"
+    # the table rendered for snakemake --report: an HTML table with a row per target
+    page = (out.parent / "leaderboard.html").read_text()
+    assert "<table>" in page and "<td>elias</td><td>55.00</td>" in page and "<script" not in page
     all_md = tmp_path / "all.md"
     assert cli_main(leaderboard_stage.main, ["--tables", str(out.parent / "leaderboard.csv"), "--out", str(all_md),
                                        "--no-tracking"]) == 0

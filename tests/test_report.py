@@ -51,6 +51,23 @@ def test_html_report_holds_metrics_and_plot(toy_run):
     # one category per dataset, a subcategory per method (labels carry both)
     assert "'dataset': 'toy'" in str(res_json["labels"]) and "'method': 'xr-linear'" in str(res_json["labels"])
     assert '"toy"' in html and '"xr-linear"' in html
+    # the target's metrics as tables (rendered inline: an HTML item)
+    page = next(v for k, v in results.items() if k.endswith("toy/xr-linear_metrics.html"))
+    assert page["mime_type"] == "text/html"
+    tables = _decode(page["data_uri"]).decode()
+    assert "<caption>ranking at k</caption>" in tables and f"<td>{on_disk['metrics']['p_at_1']:.2f}</td>" in tables
+
+
+def test_report_holds_the_leaderboard_rendered(toy_run):
+    tmp = toy_run
+    lb = "results/toy/leaderboard.md"
+    _run(tmp, lb)
+    _run(tmp, lb, extra=["--report", "report-lb.html"])
+    results = _report_results((tmp / "report-lb.html").read_text(encoding="utf-8"))
+    page = next(v for k, v in results.items() if k.endswith("toy/leaderboard.html"))
+    assert page["mime_type"] == "text/html"
+    table = _decode(page["data_uri"]).decode()
+    assert "<table>" in table and "<td>xr-linear</td>" in table and "<td>parabel</td>" in table
 
 
 def test_zip_report(toy_run):

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = [entry for spec in registry.METHODS.values() for entry in spec.params]
 #: the settings sections no parameter class reads (their stages take flags or read them as they are);
 #: their subsections with a class are in SECTIONS
-NO_CLASS = {"split", "ingest", "tfidf", "encoders", "tokenize", "cluster", "parabel", "evaluate", "threads",
+NO_CLASS = {"split", "ingest", "tfidf", "encoders", "tokenize", "cluster", "evaluate", "threads",
             "xtransformer", "resources", "suggestions", "seeds"}
 
 #: Literal fields that are no key of any section, and why

@@ -355,3 +355,29 @@ def test_the_tracking_store_takes_the_umasks_mode(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (results / "mlflow.db").stat().st_mode & 0o777 == 0o664
     assert (results / "mlflow.db.lock").stat().st_mode & 0o777 == 0o664
+
+
+def test_parents_span_their_children_and_runs_explain_themselves(store):
+    """A parent starts with its first stage and ends with its last; runs and the experiment have descriptions
+    (the target, its paper, the dataset's size, what PSP is); the parent carries the costs, rounded."""
+    from xmc_steps.evaluate import annotate_parent_run
+
+    train = tracking.log_stage(_record("train", "xr-linear", wall_s=30.0))
+    predict = tracking.log_stage(_record("predict", "xr-linear", wall_s=5.0))
+    records = [{"method": "xr-linear", "mlflow_run_id": train}, {"method": "xr-linear", "mlflow_run_id": predict}]
+    annotate_parent_run("debtags", "xr-linear", records, {"p_at_1": 88.123456789, "psp_at_5": 50.0}, None, 572,
+                        costs={"total_train_time_s": 30.1234, "predict_latency_ms_per_doc": 0.123456,
+                               "model_size_bytes": 12_345_678}, sizes={"n_train_docs": 24234, "n_test_docs": 6059})
+    client = MlflowClient(tracking.tracking_uri())
+    exp = client.get_experiment_by_name("debtags")
+    parent = client.get_run(tracking.parent_run_id("debtags", "xr-linear"))
+    children = [client.get_run(r) for r in (train, predict)]
+    assert parent.info.start_time <= min(c.info.start_time for c in children)
+    assert parent.info.end_time >= max(c.info.end_time for c in children)
+    m = parent.data.metrics
+    assert m["p_at_1"] == 88.1235 and m["train_s"] == 30.1 and m["predict_ms_per_doc"] == 0.123 and m["model_mb"] == 12.3
+    note = parent.data.tags[tracking.NOTE]
+    assert "PECOS" in note and "24234 training and 6059 test documents, 572 labels" in note
+    assert "psp_at_k: propensity-scored precision@k" in note
+    assert "psp_at_k" in exp.tags[tracking.NOTE] and "572 labels" in exp.tags[tracking.NOTE]
+    assert children[0].data.tags[tracking.NOTE].startswith("Stage job xr-linear_train of debtags/xr-linear: 30.0 s")

@@ -95,8 +95,9 @@ def test_linear_targets_end_to_end(toy_linear_run):
 
 
 #: artifacts that are not results: run records and logs (timings, hosts), each run's own paths and
-#: thread counts (the ingest report, the settings snapshots), the tracking store
-_NOT_RESULTS = re.compile(r"record\.json$|/records/|/config/|ingest\.json$|mlflow|mlartifacts|\.png$|/toy/[^/]+\.json$")
+#: thread counts (the ingest report, the settings snapshots), the tracking store, the toy targets' results files and
+#: their metrics pages (timings)
+_NOT_RESULTS = re.compile(r"record\.json$|/records/|/config/|ingest\.json$|mlflow|mlartifacts|\.png$|/toy/[^/]+\.json$|/toy/[^/]+_metrics\.html$")
 #: omikuji (parabel) draws its 2-means starts from an unseeded thread-local RNG and has no seed
 #: parameter: its trees differ from run to run (docs/running.md, "Determinism")
 _NONDETERMINISTIC = re.compile(r"/parabel/")

@@ -206,9 +206,22 @@ def parent_run_id(dataset: str, method: str, log=None) -> str | None:
         return None
 
 
+def parent_costs(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The parent run's cost metrics from a results summary: ``train_s``, ``predict_ms_per_doc``, ``model_mb``
+    (3 significant places; a cost that is not known is left out)."""
+    out = {}
+    for key, name, scale in (("total_train_time_s", "train_s", 1.0), ("predict_latency_ms_per_doc", "predict_ms_per_doc", 1.0),
+                             ("model_size_bytes", "model_mb", 1e-6)):
+        v = summary.get(key)
+        if isinstance(v, (int, float)):
+            out[name] = float(f"{float(v) * scale:.3g}")
+    return out
+
+
 def annotate_parent_run(dataset: str, method: str, records: list[dict[str, Any]],
                         metrics: Mapping[str, Any], config: Mapping[str, Any] | None = None,
-                        n_labels: int | None = None, log=None) -> dict[str, str]:
+                        n_labels: int | None = None, log=None, costs: Mapping[str, Any] | None = None,
+                        sizes: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Put the target's test metrics on its MLflow parent run, with its effective
     hyper-parameters (:func:`xmc_steps.target_params.parent_params` of the effective config,
     when given) and the git commit, and reference the shared stages' runs (TF-IDF, ingest,
@@ -217,16 +230,36 @@ def annotate_parent_run(dataset: str, method: str, records: list[dict[str, Any]]
     used = {r.get("stage") or r.get("rule"): r["mlflow_run_id"] for r in records
             if not r.get("method") and r.get("mlflow_run_id")}
     own = [r["mlflow_run_id"] for r in records if r.get("method") and r.get("mlflow_run_id")]
-    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    # rounded: the metrics (percent) to 4 decimals, the costs to 3 significant places (parent_costs)
+    scalars = {k: round(float(v), 4) for k, v in metrics.items() if isinstance(v, (int, float))}
+    costs = parent_costs(costs or {})
     try:
-        from . import target_params, tracking
+        from . import registry, target_params, tracking
+        from .metrics import GLOSSARY
 
         params = target_params.parent_params(config, n_labels) if config and config.get("method") else None
         commit = tracking.git_commit()
         tags = {f"xmc.uses.{k}": v for k, v in used.items()}
         tags.update({"mlflow.source.git.commit": commit, "xmc.git_commit": commit})
-        tracking.annotate_parent(dataset, method, tags=tags, metrics=scalars, params=params,
-                                 config_hash=(config or {}).get("config_hash", ""), stage_run_ids=own, log=log)
+        try:
+            paper = registry.get(method).paper
+        except KeyError:
+            paper = ""
+        sizes = sizes or {}
+        size = (f"{sizes.get('n_train_docs', '?')} training and {sizes.get('n_test_docs', '?')} test documents, "
+                f"{n_labels if n_labels is not None else '?'} labels")
+        main = ", ".join(f"{k} {scalars[k]:.2f}" for k in ("p_at_1", "p_at_5", "psp_at_5", "recall_at_100") if k in scalars)
+        cost = ", ".join(f"{k} {v:g}" for k, v in costs.items())
+        description = (f"Target {dataset}/{method}" + (f": {paper}" if paper else "") + f".  Dataset {dataset}: {size}.  "
+                       f"Test: {main}" + (f"; costs: {cost}" if cost else "") + f" (results/{dataset}/{method}.json).  "
+                       + GLOSSARY)
+        exp_note = (f"XMC dataset '{dataset}' ({size}): one parent run per (dataset, method) target (its test "
+                    "metrics, costs, effective settings and the trained model, registered as <dataset>-<method>), "
+                    "one child run per stage job; the stages shared by the methods under the parent 'shared'.  "
+                    + GLOSSARY)
+        tracking.annotate_parent(dataset, method, tags=tags, metrics={**scalars, **costs}, params=params,
+                                 config_hash=(config or {}).get("config_hash", ""), stage_run_ids=own, log=log,
+                                 description=description, experiment_description=exp_note)
     except Exception as e:  # tracking trouble must not lose the results
         if log:
             log.warning("could not annotate the MLflow parent run: %s", e)
@@ -250,6 +283,23 @@ def log_parent_artifacts(result: Mapping[str, Any], out: str, plot: str, log=Non
     except Exception as e:  # tracking trouble must not lose the results
         if log:
             log.warning("could not log the results as artifacts of the MLflow parent run: %s", e)
+
+
+def log_parent_model(result: Mapping[str, Any], out: str, log=None) -> tuple[str, str] | None:
+    """The target (``out`` without ``.json``: ``results/<dataset>/<method>``) as an MLflow pyfunc model in
+    its parent run, registered as ``<dataset>-<method>`` (:mod:`xmc_steps.mlflow_model`); returns (name,
+    version).  ``XMC_LOG_MODEL=0`` skips it; trouble is a warning, as every tracking trouble is."""
+    run_id = (result.get("mlflow") or {}).get("parent_run_id")
+    if not run_id or os.environ.get("XMC_LOG_MODEL", "1") == "0":
+        return None
+    try:
+        from . import mlflow_model
+
+        return mlflow_model.log_target_model(str(out)[:-len(".json")] if str(out).endswith(".json") else out, run_id, log)
+    except Exception as e:  # tracking trouble must not lose the results
+        if log:
+            log.warning("could not log the target as an MLflow model: %s: %s", type(e).__name__, e)
+        return None
 
 
 # --------------------------------------------------------------------------- schema, plot

@@ -20,7 +20,8 @@ dropped); texts and labels files must have the same number of lines (the error n
 both files and both counts); bytes that are not UTF-8 are an error naming file, line
 and column unless ``encoding_errors: replace`` (then U+FFFD, counted); with
 ``label_ids.txt`` present every label must be listed there (file, line and label are
-named otherwise); empty documents and documents without labels are legal and counted, but a
+named otherwise); labels are separated by white space, and a label ``a,b`` that ``label_ids.txt`` does not
+declare is a file separated by commas, an error naming file and line; empty documents and documents without labels are legal and counted, but a
 train or test split without documents, or without a single label, is an error naming its file
 (nothing could be trained or evaluated on it; without the check it would fail stages later, at
 TF-IDF or evaluation).  A UTF-8 byte-order mark at the start of a file is dropped (Windows
@@ -36,6 +37,7 @@ The validation split is carved from train with ``split.seed`` and ``split.valid_
 from __future__ import annotations
 
 import math
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,23 @@ def read_label_index(files: DatasetFiles, errors: str) -> tuple[list[str] | None
     return ids, names
 
 
-def parse_raw_split(files: DatasetFiles, split: str, errors: str):
+def check_separators(path: Path, label_lists: list[list[str]], known: set[str] | None = None) -> None:
+    """Labels are separated by white space: a label ``a,b`` (a comma between two non-empty parts) that
+    ``label_ids.txt`` does not declare (``known``) is a file separated by commas, an error naming the
+    file and line (read as it is, it would become one label per distinct list).  A label id that holds
+    a comma is declared in ``label_ids.txt``."""
+    for ln, row in enumerate(label_lists, start=1):
+        for tok in row:
+            if "," in tok and _COMMA_LIST.fullmatch(tok) and (known is None or tok not in known):
+                raise StageError(f"{path}:{ln}: labels separated by commas ({tok[:60]!r}); separate them by "
+                                 "spaces, or list ids that hold a comma in label_ids.txt")
+
+
+_COMMA_LIST = re.compile(r"[^,]+(,[^,]+)+")
+
+
+def parse_raw_split(files: DatasetFiles, split: str, errors: str, known: set[str] | None = None):
+    """Texts, label lists, ids and replaced bytes of a raw split; ``known``: the declared label ids."""
     tpath, lpath = files.texts[split], files.labels[split]
     texts, rep_t = read_lines(tpath, errors)
     labels, rep_l = read_lines(lpath, errors)
@@ -134,6 +152,7 @@ def parse_raw_split(files: DatasetFiles, split: str, errors: str):
             raise StageError(f"{lpath}:{ln}: a carriage return inside a labels line (a file with "
                              "old Mac line ends, CR only?); lines end with LF or CRLF")
     label_lists = [line.split() for line in labels]
+    check_separators(lpath, label_lists, known)
     if split in files.ids:
         ids, _ = read_lines(files.ids[split], errors)
         _check_same_length(tpath, len(texts), files.ids[split], len(ids), "each document needs exactly one id line")
@@ -309,7 +328,7 @@ def ingest(files: DatasetFiles, settings: dict[str, Any], out: Path, log) -> dic
     if files.layout == "raw":
         label_ids, names = read_label_index(files, errors)
         for split in ("train", "test"):
-            texts, lab, ids, rep = parse_raw_split(files, split, errors)
+            texts, lab, ids, rep = parse_raw_split(files, split, errors, set(label_ids) if label_ids else None)
             replaced += rep
             check_split(split, len(texts), sum(1 for row in lab if row), files.texts[split], files.labels[split])
             raw_splits[split] = {"texts": texts, "labels": lab, "ids": ids, "lines": np.arange(1, len(texts) + 1)}

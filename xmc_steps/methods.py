@@ -97,6 +97,8 @@ class MethodSpec:
     rule_settings: Mapping[str, list] = field(default_factory=dict)
     #: the method's artifact path patterns by name (``{dataset}/...``, as :mod:`xmc_steps.layout`'s)
     patterns: Mapping[str, str] = field(default_factory=dict)
+    #: the paper (or library) the method follows, one line: the MLflow runs' descriptions name it
+    paper: str = ""
 
     @property
     def has_variants(self) -> bool:

@@ -97,6 +97,18 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 #: List-valued key of :func:`all_metrics`: per-decile contribution to recall@100.
 DECILE_KEY = "decile_recall_at_100"
+
+#: what the metric names mean, one paragraph (MLflow has no metric descriptions: the dataset's experiment and
+#: each target's parent run carry it, :mod:`xmc_steps.tracking`)
+GLOSSARY = (
+    "Metrics (percent, on the test split): p_at_k: precision@k, the share of the top k that are true labels; "
+    "ndcg_at_k: nDCG@k; psp_at_k: propensity-scored precision@k (Jain et al., KDD 2016), precision where each "
+    "true label counts by its inverse propensity 1 + C (N_l + B)^-A (rare labels count more), normalised by the "
+    "best achievable: it rewards finding tail labels; psndcg_at_k: the same weighting on nDCG@k; recall_at_k: "
+    "the share of a document's true labels in its top k; decile_recall_at_100_dNN: recall@100 over the labels of "
+    "frequency decile NN (d01 the rarest).  Costs: train_s (seconds of the target's training stages), "
+    "predict_ms_per_doc (end to end from raw text, batched), model_mb (the trained files).")
+
 CURVE_KEY = "recall_curve"
 
 _WIKI_SETS = frozenset({"wikilshtc-325k", "wiki500k"})

@@ -73,7 +73,11 @@ def add_neural_predict_args(p: argparse.ArgumentParser, out_help: str) -> argpar
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--log", help="log file (also echoed to stderr)")
     p.add_argument("--record", help="stage record JSON to write on success")
-    p.add_argument("--params", default="{}", help="stage parameters as a JSON object")
+    p.add_argument("--params", default="{}", metavar="JSON",
+                   help="the stage's settings as a JSON object (the DAG passes the config sections the rule "
+                        "reads); every setting of a method, with its default, bounds and what it does: "
+                        "xmc params <method> (python -m xmc_steps.cli params <method>); the shared sections: "
+                        "docs/configuration.md")
     p.add_argument("--dataset", default="", help="dataset name (for tracking)")
     p.add_argument("--method", default="", help="method name, empty for shared stages")
     p.add_argument("--rule", default="", help="Snakemake rule name (for tracking)")

@@ -96,6 +96,7 @@ __all__ = [
     "flatten_params",
     "git_commit",
     "mark_killed_runs",
+    "model_lock",
     "outputs_key",
     "stage_entities",
     "SHARED",
@@ -199,6 +200,17 @@ def _file_lock(uri: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def model_lock(uri: str | None = None) -> Iterator[None]:
+    """The store's lock (:func:`lock_path`) around a sequence of MLflow calls made outside this module
+    (a model logged and registered, :mod:`xmc_steps.mlflow_model`), so parallel jobs never fail on a
+    locked SQLite database."""
+    uri = uri or tracking_uri()
+    _preimport(uri)
+    with _file_lock(uri):
+        yield
 
 
 # ----------------------------------------------------------------------- helpers
@@ -352,13 +364,27 @@ def _client(uri: str):
 _OPENED: set[str] = set()
 
 
+#: MLflow's tag holding a run's or an experiment's description (the UI's "Description")
+NOTE = "mlflow.note.content"
+
+def experiment_description(dataset: str) -> str:
+    """The description of a dataset's experiment: the run layout and what the metrics mean."""
+    from .metrics import GLOSSARY
+
+    return (f"XMC dataset '{dataset}': one parent run per (dataset, method) target (its test metrics, costs, "
+            "effective settings and the trained model, registered as <dataset>-<method>), one child run per stage "
+            "job; stages shared by the methods (ingest, TF-IDF, clusters) under the parent 'shared'.  "
+            + GLOSSARY)
+
+
 def _experiment_id(client, dataset: str, log=None) -> str:
     name = dataset or "default"
     exp = _retry(lambda: client.get_experiment_by_name(name), "get experiment", log)
     if exp is None:
         loc = artifact_root() / name
         exp_id = _retry(
-            lambda: client.create_experiment(name, artifact_location=loc.as_uri(), tags={"xmc.dataset": name}),
+            lambda: client.create_experiment(name, artifact_location=loc.as_uri(),
+                                             tags={"xmc.dataset": name, NOTE: experiment_description(name)}),
             "create experiment",
             log,
         )
@@ -385,19 +411,28 @@ def _q(s: str) -> str:
     return str(s).replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _get_or_create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None) -> str:
+def _get_or_create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None,
+                          start_ms: int | None = None) -> str:
     rid = _find_parent(client, exp_id, dataset, method_key, log)
-    return rid if rid is not None else _create_parent(client, exp_id, dataset, method_key, config_hash, log)
+    return rid if rid is not None else _create_parent(client, exp_id, dataset, method_key, config_hash, log, start_ms)
 
 
-def _create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None) -> str:
+def _create_parent(client, exp_id: str, dataset: str, method_key: str, config_hash: str, log=None,
+                   start_ms: int | None = None) -> str:
+    """A parent run; ``start_ms``: its first stage's start, so that the parent spans its children (the parent
+    is created when that stage is logged, at its end)."""
     tags = {
         "xmc.run_type": "target",
         "xmc.dataset": dataset,
         "xmc.method": method_key,
         "xmc.config_hash": config_hash or "",
     }
-    run = _retry(lambda: client.create_run(exp_id, tags=tags, run_name=method_key), "create parent run", log)
+    tags[NOTE] = (f"The stages shared by the methods on '{dataset}' (ingest, TF-IDF, label embeddings, clusters), "
+                  "logged once and referenced by the targets' parents (tags xmc.uses.<stage>)."
+                  if method_key == SHARED else f"Target {dataset}/{method_key}: its stage jobs are the child runs; "
+                  "the evaluate stage adds the test metrics, costs and the model.")
+    run = _retry(lambda: client.create_run(exp_id, start_time=start_ms, tags=tags, run_name=method_key),
+                 "create parent run", log)
     return run.info.run_id
 
 
@@ -516,7 +551,7 @@ def _log_stage(uri: str, record: Mapping[str, Any], step_metrics: list, log) -> 
         # inside the lock, or parallel jobs race on the schema migrations.
         client = _retry(lambda: _client(uri), "open store", log)
         exp_id = _experiment_id(client, dataset, log)
-        parent_id = _get_or_create_parent(client, exp_id, dataset, method_key, config_hash, log)
+        parent_id = _get_or_create_parent(client, exp_id, dataset, method_key, config_hash, log, start_ms)
         if whole:
             run_id = _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metrics, curve, config_hash, log)
     if not whole:
@@ -546,6 +581,11 @@ def _write_child(client, exp_id, parent_id, rule, start_ms, tags, params, metric
     run_id = run.info.run_id
     p_list = [Param(k, v) for k, v in params.items()]
     t_list = [RunTag(k, v) for k, v in tags.items()]
+    if NOTE not in tags:
+        wall = next((m.value for m in metrics if m.key == "wall_s"), None)
+        t_list.append(RunTag(NOTE, f"Stage job {rule} of {tags.get('xmc.dataset', '')}/{tags.get('xmc.method') or SHARED}"
+                                   + (f": {wall:.1f} s wall time" if wall is not None else "")
+                                   + "; its outputs are the artifact.* params (files under results/)."))
     all_metrics = list(metrics) + list(curve)
     for ms, ps, ts in _chunks(all_metrics, p_list, t_list):
         _retry(lambda: client.log_batch(run_id, metrics=ms, params=ps, tags=ts, synchronous=True), "log_batch", log)
@@ -608,9 +648,12 @@ def link_shared(dataset: str, method: str, run_ids: Mapping[str, str]) -> str:
 
 def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = None,
                     metrics: Mapping[str, float] | None = None, params: Mapping[str, Any] | None = None,
-                    config_hash: str = "", stage_run_ids: Iterable[str] = (), log=None) -> str:
+                    config_hash: str = "", stage_run_ids: Iterable[str] = (), log=None,
+                    description: str | None = None, experiment_description: str | None = None) -> str:
     """Add tags, final metrics and parameters to the (dataset, method) parent run (created if
-    missing).  Returns the parent run id.
+    missing).  Returns the parent run id.  ``description`` becomes the parent's description and
+    ``experiment_description`` the dataset experiment's (MLflow's ``mlflow.note.content``).  The
+    parent is marked finished now, so that it spans every stage logged under it.
 
     The evaluate stage puts the target's test metrics and effective hyper-parameters
     (:func:`xmc_steps.target_params.parent_params`) on its parent run, so methods can be
@@ -641,7 +684,10 @@ def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = 
                 changed = sorted(k for k, v in p_vals.items() if k in have and have[k] != v)
                 if changed:
                     old_id = parent_id
-                    parent_id = _create_parent(client, exp_id, dataset, method_key, config_hash, log)
+                    starts = [_retry(lambda: client.get_run(rid), "get stage run", log).info.start_time
+                              for rid in dict.fromkeys(stage_run_ids)]
+                    parent_id = _create_parent(client, exp_id, dataset, method_key, config_hash, log,
+                                               min(starts) if starts else None)
                     _retry(lambda: client.log_batch(old_id, tags=[RunTag("xmc.run_type", "target-superseded"),
                                                                   RunTag("xmc.superseded_by", parent_id)],
                                                     synchronous=True), "supersede parent", log)
@@ -655,12 +701,19 @@ def annotate_parent(dataset: str, method: str, tags: Mapping[str, str] | None = 
                 p_vals = {k: v for k, v in p_vals.items() if k not in have}
             now = int(time.time() * 1000)
             tag_list = [RunTag(_clean_key(k), _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in (tags or {}).items()]
+            if description:
+                tag_list.append(RunTag(NOTE, _str_value(description, MAX_TAG_VAL_LENGTH)))
+            if experiment_description:
+                _retry(lambda: client.set_experiment_tag(exp_id, NOTE, _str_value(experiment_description, MAX_TAG_VAL_LENGTH)),
+                       "describe experiment", log)
             met_list = [Metric(_clean_key(k), f, now, 0) for k, v in (metrics or {}).items()
                         if (f := _float(v)) is not None]
             par_list = [Param(k, v) for k, v in p_vals.items()]
             for mets, pars, tgs in _chunks(met_list, par_list, tag_list):
                 _retry(lambda: client.log_batch(parent_id, metrics=mets, params=pars, tags=tgs, synchronous=True),
                        "annotate parent", log)
+            if stage_run_ids or description:
+                _retry(lambda: client.set_terminated(parent_id, "FINISHED"), "terminate parent", log)
         return parent_id
     except Exception as e:
         if isinstance(e, RuntimeError) and str(e).startswith("MLflow tracking at"):

@@ -37,6 +37,20 @@ except xcfg.ConfigError as e:
     sys.exit(1)
 
 PY = sys.executable
+
+
+def folder_of(kind, key=0):
+    """A param that is the folder of one of the rule's files (``kind``: "input" or "output"; ``key``: its name
+    or index; a list: its first file): derived from the file, not spelled twice (Snakemake's lint)."""
+
+    def folder(files):
+        f = files[key] if isinstance(key, int) else getattr(files, key)
+        return os.path.dirname(f if isinstance(f, str) else f[0])
+
+    if kind == "input":
+        return lambda wildcards, input: folder(input)
+    return lambda wildcards, output: folder(output)
+
 # the stage harness's common flags (xmc_steps.stage.add_common_args), ending every stage's shell line;
 # a rule adds --method and --threads where they apply
 STAGE_ARGS = ("--params {params.settings:q} --record {output.record:q} --log {log:q} --dataset {wildcards.dataset} "

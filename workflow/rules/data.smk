@@ -14,7 +14,7 @@ rule prepare:
     log:
         "logs/prepare/debtags.log",
     params:
-        out=f"{DATA}/debtags",
+        out=folder_of("output"),
         workdir=R(lay.PREPARE, dataset="debtags") + "/apt",
     threads: 1
     resources:

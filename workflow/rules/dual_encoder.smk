@@ -74,7 +74,7 @@ rule dual_encoder_predict:
         settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], **{k: S(w)["dual_encoder"][k] for k in (
             "search", "exact_max_labels", "eval_batch_size", "amp", "device", "allow_cpu_fallback")}}),
         hash=H("dual_encoder_predict"),
-        model=R(DES.DUAL_ENCODER),
+        model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed the ranker
     threads: threads_of
     resources:

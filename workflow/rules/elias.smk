@@ -95,7 +95,7 @@ rule elias_stage2:
         settings=elias_params(2),
         hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
-        init=R(ES.ELIAS_STAGE, stage=1),
+        init=folder_of("input", "clusters"),
         out=R(ES.ELIAS_STAGE, stage=2),
     threads: threads_of
     resources:
@@ -132,7 +132,7 @@ rule elias_predict:
                                        "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
                                        **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
         hash=H("elias_predict"),
-        model=R(ES.ELIAS_STAGE),
+        model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
     threads: threads_of
     resources:

@@ -19,6 +19,8 @@ rule effective_config:
     """The effective settings of a target and their hash, for its results file."""
     output:
         R(lay.CONFIG),
+    log:
+        "logs/effective_config/{dataset}-{method}.log",
     params:
         settings=lambda w: json.dumps(xcfg.method_settings(config, w.dataset, w.method), sort_keys=True),
     localrule: True
@@ -26,7 +28,7 @@ rule effective_config:
         "../../envs/cpu.yaml"
     shell:
         "{PY:q} -m xmc_steps.stages.effective_config --dataset {wildcards.dataset} --method {wildcards.method} "
-        "--settings {params.settings:q} --out {output:q}"
+        "--settings {params.settings:q} --out {output:q} 2> {log:q}"
 
 
 rule evaluate:
@@ -45,6 +47,9 @@ rule evaluate:
                       labels={"dataset": "{dataset}", "method": "{method}", "file": "metrics (JSON)"}),
         plot=report(R(lay.METHOD) + "_decile_recall.png", category="{dataset}", subcategory="{method}",
                     labels={"dataset": "{dataset}", "method": "{method}", "file": "decile-wise recall@100"}),
+        # written by the stage beside the results file (evaluate.metrics_page_path): the metrics as tables
+        metrics=report(R(lay.METHOD) + "_metrics.html", category="{dataset}", subcategory="{method}",
+                       labels={"dataset": "{dataset}", "method": "{method}", "file": "metrics (tables)"}),
         record=R(lay.RECORDS) + "/{method}.evaluate.json",
     log:
         "logs/evaluate/{dataset}-{method}.log",
@@ -124,6 +129,9 @@ rule leaderboard:
         md=report(R(lay.LEADERBOARD) + ".md", category="{dataset}", subcategory="leaderboard",
                   labels={"dataset": "{dataset}", "method": "leaderboard", "file": "table (Markdown)"}),
         csv=R(lay.LEADERBOARD) + ".csv",
+        # the table rendered (the stage writes it beside --out)
+        html=report(R(lay.LEADERBOARD) + ".html", category="{dataset}", subcategory="leaderboard",
+                    labels={"dataset": "{dataset}", "method": "leaderboard", "file": "table"}),
         bars=report(R(lay.LEADERBOARD) + ".png", category="{dataset}", subcategory="leaderboard",
                     labels={"dataset": "{dataset}", "method": "leaderboard", "file": "P@k"}),
         recall=report(R(lay.LEADERBOARD) + "_recall.png", category="{dataset}", subcategory="leaderboard",

@@ -15,7 +15,7 @@ rule tfidf:
     params:
         settings=P("tfidf"),
         hash=H("tfidf"),
-        ingest=R(lay.INGEST),
+        ingest=folder_of("input"),
         out=R(lay.TFIDF),
     threads: 1
     resources:
@@ -39,7 +39,7 @@ rule tokenize:
     params:
         settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": int(w.maxlen)}),
         hash=H("tokenize"),
-        ingest=R(lay.INGEST),
+        ingest=folder_of("input"),
         out=R(lay.TOKENS),
     threads: 1
     resources:

@@ -84,7 +84,7 @@ rule gudn_predict:
                                        "allow_cpu_fallback": S(w)["gudn"]["backbone"]["allow_cpu_fallback"],
                                        "amp": S(w)["gudn"]["backbone"]["amp"]}),
         hash=H("gudn_predict"),
-        model=R(GDS.GUDN),
+        model=folder_of("input", "model"),
     threads: threads_of
     resources:
         mem_mb=res("gudn_predict", "mem_mb", 16000),

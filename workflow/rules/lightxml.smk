@@ -65,7 +65,7 @@ rule lightxml_predict:
                                        "allow_cpu_fallback": S(w)["lightxml"]["allow_cpu_fallback"],
                                        "amp": S(w)["lightxml"]["amp"]}),
         hash=H("lightxml_predict"),
-        model=R(LXS.LIGHTXML),
+        model=folder_of("input", "model"),
     threads: threads_of
     resources:
         mem_mb=res("lightxml_predict", "mem_mb", 16000),

@@ -11,7 +11,7 @@ rule debtags_untagged:
     log:
         "logs/debtags_untagged/debtags.log",
     params:
-        out=R(lay.UNTAGGED, dataset="debtags"),
+        out=folder_of("output", "texts"),
         workdir=R(lay.PREPARE, dataset="debtags") + "/apt",
     threads: 1
     resources:

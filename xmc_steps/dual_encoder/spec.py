@@ -86,6 +86,7 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
 _MODEL = TREE_SETTINGS + ["encoders.{enc}", ("dual_encoder", ("ranker", "ensemble"))]
 
 SPEC = MethodSpec(
+    paper='a dual encoder after NGAME (Dahiya et al., WSDM 2023) and DEXML (Gupta et al., ICLR 2024)',
     name="dual-encoder", section="dual_encoder",
     sections=("split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "dual_encoder", "evaluate"),
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs, trees=trees,

@@ -120,6 +120,7 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 SPEC = MethodSpec(
+    paper='ELIAS (Gupta et al., "ELIAS: End-to-End Learning to Index and Search in Large Output Spaces", NeurIPS 2022)',
     name="elias", section="elias",
     sections=("split", "ingest", "tfidf", "cluster", "encoders", "elias", "evaluate"),
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,

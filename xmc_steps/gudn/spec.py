@@ -63,6 +63,7 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 SPEC = MethodSpec(
+    paper='GUDN (Wang et al., "GUDN: A novel guide network for extreme multi-label text classification")',
     name="gudn", section="gudn",
     sections=("split", "ingest", "tfidf", "cluster", "encoders", "gudn", "evaluate"),
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,

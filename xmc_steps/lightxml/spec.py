@@ -121,6 +121,7 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 SPEC = MethodSpec(
+    paper='LightXML (Jiang et al., "LightXML: Transformer with Dynamic Negative Sampling for High-Performance Extreme Multi-label Text Classification", AAAI 2021)',
     name="lightxml", section="lightxml",
     sections=("split", "ingest", "tfidf", "cluster", "encoders", "lightxml", "evaluate"),
     variants=VARIANTS, predictions=predictions, records=records, encoder_refs=encoder_refs,

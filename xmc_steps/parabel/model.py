@@ -13,6 +13,7 @@ The stage (``train``, ``predict``): :mod:`xmc_steps.stages.parabel`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,28 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import io
+from ..params import Params, bounded
+
+@dataclass
+class ParabelParams(Params):
+    """The ``parabel`` section: omikuji's hyper-parameters (its defaults are Parabel's) and the beam.
+    The stage reads the section as a mapping; this class states its settings once, for ``xmc params``
+    and the schema's bounds (tests/test_settings_source.py)."""
+
+    n_trees: int = bounded(3, ge=1)  # trees in the forest (Parabel: 3)
+    max_depth: int = bounded(20, ge=1)  # the deepest a tree grows
+    cluster_k: int = bounded(2, ge=2)  # children per node (2: Parabel's balanced 2-means)
+    min_branch_size: int = bounded(100, ge=1)  # a node of at most this many labels is a leaf
+    linear_c: float = bounded(1.0, gt=0)  # the rankers' C (hinge-loss liblinear)
+    linear_eps: float = bounded(0.1, gt=0)  # the rankers' stopping tolerance
+    linear_weight_threshold: float = bounded(0.1, ge=0)  # weights below it are dropped
+    linear_max_iter: int = bounded(20, ge=1)  # liblinear's passes over the data
+    beam: int = bounded(10, ge=1)  # beam width of the tree search at prediction
+    topk: int = bounded(100, ge=1)  # labels kept per test document
+    fit_on: list[str] = field(default_factory=lambda: ["train", "valid"])  # the splits the model trains on
+
+    _what = "parabel parameter"
+
 
 HYPER_KEYS = {
     "n_trees": "n_trees", "max_depth": "max_depth", "cluster_k": "cluster_k", "min_branch_size": "min_branch_size",

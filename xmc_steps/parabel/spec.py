@@ -30,9 +30,11 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
 
 
 SPEC = MethodSpec(
+    paper='Parabel (Prabhu et al., WWW 2018), through omikuji',
     name="parabel", section="parabel", sections=("split", "ingest", "tfidf", "parabel", "evaluate"),
     predictions=predictions, records=records, concepts=concepts,
     predictor="xmc_steps.parabel.serve:scores", rules="linear.smk",
     patterns={"PARABEL": PARABEL},
+    params=(("parabel", "xmc_steps.parabel.model:ParabelParams", ()),),
     rule_settings={"parabel_train": BASE_SETTINGS + ["tfidf", "parabel"],
                    "parabel_predict": BASE_SETTINGS + ["tfidf", "parabel"]})

@@ -35,9 +35,14 @@ What it computes (see :mod:`xmc_steps.metrics` for every metric convention):
   ``predict_latency_parts_ms_per_doc`` lists the parts by stage.  Predictions made on
   the training or validation split to train a later stage are ``train`` phase;
   ``null`` when no predict-phase record carries a latency;
+* ``<method>_metrics.html`` beside ``--out``: the results as tables, for ``snakemake --report``
+  (:func:`xmc_steps.report_html.metrics_page`);
 * the effective config (``--effective-config`` JSON) and ``--config-hash``,
   package versions, device, MLflow run ids (this stage's and the parent run's),
   and the paper's reported figures (``--reported``; see :func:`xmc_steps.papers.select_reported`).
+
+With tracking on, the target is then logged as an MLflow model in its parent run and registered as
+``<dataset>-<method>`` (:mod:`xmc_steps.mlflow_model`; ``XMC_LOG_MODEL=0`` skips it).
 
 The result is validated against ``workflow/schemas/results.schema.json`` before
 anything is written; the plot and the JSON are written atomically, and the stage
@@ -59,11 +64,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .. import io
+from .. import io, report_html
 from .. import metrics as xm
 from ..evaluate import (N_BINS, SCHEMA_VERSION, annotate_parent_run, collect_versions, detect_device, load_schema,
-                        load_stage_records, log_parent_artifacts, parent_run_id, plot_decile_recall, propensity,
-                        summarise_stages, validate_result)
+                        load_stage_records, log_parent_artifacts, log_parent_model, parent_run_id, plot_decile_recall,
+                        propensity, summarise_stages, validate_result)
 from ..papers import select_reported
 from ..stage import StageError, add_common_args, cli_main, stage_run
 
@@ -198,9 +203,16 @@ def evaluate(args: argparse.Namespace, st) -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if tracking_enabled(args):
-        result["mlflow"]["shared_stage_runs"] = annotate_parent_run(dataset, method, records, m, config, int(L), log)
+        result["mlflow"]["shared_stage_runs"] = annotate_parent_run(
+            dataset, method, records, m, config, int(L), log, costs=summary,
+            sizes={"n_train_docs": int(Y_train.shape[0]), "n_test_docs": int(n_test)})
         result["mlflow"]["parent_run_id"] = parent_run_id(dataset, method, log)
     return result
+
+
+def metrics_page_path(out: str) -> str:
+    """The report's metrics tables beside the results file: ``<method>.json`` -> ``<method>_metrics.html``."""
+    return (out[:-len(".json")] if out.endswith(".json") else out) + "_metrics.html"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     schema = load_schema(args.schema)
     result: dict[str, Any] = {}
-    with stage_run("evaluate", args, outputs=[args.out, args.plot]) as st:
+    page = metrics_page_path(args.out)
+    with stage_run("evaluate", args, outputs=[args.out, args.plot, page]) as st:
         result = evaluate(args, st)
         validate_result(result, schema)
         for key in xm.METRIC_KEYS:
@@ -240,6 +253,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         st.output("plot", args.plot)
         io.write_json(args.out, result)
         st.output("results", args.out)
+        io.write_text(page, report_html.metrics_page(result))
+        st.output("metrics_page", page)
         st.log.info("P@1 %.2f  P@5 %.2f  PSP@5 %.2f  R@100 %.2f", result["metrics"]["p_at_1"],
                     result["metrics"]["p_at_5"], result["metrics"]["psp_at_5"], result["metrics"]["recall_at_100"])
     # The harness knows this stage's MLflow run id only after the block: fill it in.
@@ -254,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             io.write_json(args.out, result)
     if tracking_enabled(args):
         log_parent_artifacts(result, args.out, args.plot, logging.getLogger("xmc_steps.evaluate"))
+        log_parent_model(result, args.out, logging.getLogger("xmc_steps.evaluate"))
     return result
 
 

@@ -18,9 +18,11 @@ from ..stage import add_common_args, cli_main, stage_run
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m xmc_steps.stages.ingest", description=__doc__.splitlines()[0])
     p.add_argument("--name", required=True, help="dataset name")
-    p.add_argument("--data-dir", default="data")
+    p.add_argument("--data-dir", default="data",
+                   help="the folder holding the datasets, one subfolder each (default data; config's data_dir)")
     p.add_argument("--path", default=None, help="dataset folder (default: found by name under --data-dir)")
-    p.add_argument("--layout", choices=list(LAYOUTS), default=None)
+    p.add_argument("--layout", choices=list(LAYOUTS), default=None,
+                   help="the dataset's file layout (default: detected from its files; docs/data.md)")
     p.add_argument("--out", required=True, help="output folder")
     add_common_args(p)
     args = p.parse_args(argv)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import io, leaderboard
+from .. import io, leaderboard, report_html
 from ..stage import StageError, add_common_args, cli_main, stage_run
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
             st.output("leaderboard", out)
         return
     stem = out.with_suffix("")
-    names = [str(out), str(stem) + ".csv"] + [str(stem) + s for s in (".png", "_recall.png", "_deciles.png")]
+    names = [str(out), str(stem) + ".csv", str(stem) + ".html"] + [str(stem) + s for s in (".png", "_recall.png", "_deciles.png")]
     with stage_run("leaderboard", args, outputs=names) as st:
         results = []
         for f in args.results:
@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
             except (OSError, yaml.YAMLError) as e:
                 raise StageError(f"--paper-config {' '.join(args.paper_config)}: {e}") from e
         rows = leaderboard.add_seed_columns(leaderboard.rows_of(results, reported, paper_config), [io.read_json(f) for f in args.seeds])
-        io.write_text(out, leaderboard.markdown(dataset, rows))
+        table = leaderboard.markdown(dataset, rows)
+        io.write_text(out, table)
+        io.write_text(str(stem) + ".html", report_html.markdown_to_html(table, f"{dataset} leaderboard"))  # rendered by snakemake --report
         leaderboard.write_csv(str(stem) + ".csv", rows)
         leaderboard.plots(results, rows, stem, dataset)
         st.metric("targets", len(rows))

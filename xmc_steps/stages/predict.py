@@ -10,7 +10,8 @@ DAG evaluates: ``xr-linear``, ``parabel``, ``xtransformer[-<variant>]``, ``elias
 make it up (:mod:`xmc_steps.layout`); each is checked before anything is computed, and a
 missing one is an error naming it and the command that builds it.
 
-The input is one text per line (``--input FILE`` or stdin), UTF-8.  A line that is not valid
+The input is one text per line (``--input FILE`` or stdin), UTF-8; ``FILE`` may be a pipe
+(``--input <(head -1 texts.txt)``, a FIFO), read once.  A line that is not valid
 UTF-8 or is empty (nothing but white space) is an error naming the file and the line, unless
 ``--skip-empty``: such lines are then answered with no labels.  The texts go through the same
 code as the DAG's test split: the fitted TF-IDF (``features/tfidf/vocab.parquet`` and the

@@ -37,6 +37,7 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 SPEC = MethodSpec(
+    paper='PECOS XR-Linear (Yu et al., "PECOS: Prediction for Enormous and Correlated Output Spaces", JMLR 2022)',
     name="xr-linear", section="xr_linear",
     sections=("split", "ingest", "tfidf", "cluster", "xr_linear", "evaluate"),
     predictions=predictions, records=records, concepts=concepts,

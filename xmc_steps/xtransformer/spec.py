@@ -174,6 +174,7 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 SPEC = MethodSpec(
+    paper='X-Transformer (Chang et al., "Taming Pretrained Transformers for Extreme Multi-label Text Classification", KDD 2020)',
     name="xtransformer", section="xtransformer",
     sections=("split", "ingest", "tfidf", "cluster", "xr_linear", "encoders", "xtransformer", "evaluate"),
     variants=("*",), predictions=predictions, records=records, encoder_refs=encoder_refs,
