@@ -39,7 +39,7 @@ __all__ = ["package", "TargetModel", "log_target_model", "registered_name", "EXC
 log = logging.getLogger("xmc_steps.mlflow_model")
 
 #: files of a needed folder that are not the model: predictions, logs, records, training checkpoints
-EXCLUDE = ("predictions_*.parquet", "*.log", "record.json", "*.record.json", "checkpoint*", "*.tmp*", "curve.png")
+EXCLUDE = ("predictions_*.parquet", "*.log", layout.RECORD, layout.record("*"), "checkpoint*", "*.tmp*", layout.CURVE)
 #: the artifact (a folder in results/'s layout) and the file naming the target in it
 ARTIFACT, TARGET_FILE = "results", "target.json"
 
