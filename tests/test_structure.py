@@ -127,3 +127,18 @@ def test_only_the_registry_lists_the_methods():
         if len(hits) >= 3:
             bad[f.name] = sorted(hits)
     assert not bad, bad
+
+
+@pytest.mark.parametrize("stage", ["elias", "dual_encoder"])
+def test_a_neural_stage_s_help_loads_no_torch(stage):
+    """Issue 55: `--help` of the ELIAS stage took 7.6 s, nearly all of it importing torch, transformers and
+    scikit-learn; the heavy modules now load inside the commands (not a timing: what is imported)."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys; sys.argv = ['x', '--help']\n"
+            f"try:\n    runpy.run_module('xmc_steps.stages.{stage}', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'sklearn', 'faiss') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout and r.stdout.strip().splitlines()[-1] == "[]", r.stdout[-500:]

@@ -35,21 +35,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import io
-from ..dual_encoder.model import JSON
-from ..dual_encoder.params import DualEncoderParams
-from ..dual_encoder.run import OUTPUTS, TrainingFiles, run_training
-from ..dual_encoder.serve import PredictParams, load, predict
+from typing import TYPE_CHECKING
+
 from ..errors import StageError
-from ..neural_stage import prediction_inputs, stage_params, train_split_only
 from ..stage import add_neural_predict_args, add_common_args, cli_main, stage_run
+
+if TYPE_CHECKING:
+    from ..dual_encoder.params import DualEncoderParams
+
+# torch, faiss and scikit-learn load inside the commands, so that --help answers at once
 
 
 def _params(st, rule: str) -> DualEncoderParams:
+    from ..dual_encoder.params import DualEncoderParams
+    from ..neural_stage import stage_params
+
     return stage_params(st, DualEncoderParams, rule, "dual_encoder")
 
 
 def _train_main(args: argparse.Namespace) -> None:
+    from ..dual_encoder.run import OUTPUTS, TrainingFiles, run_training
+    from ..neural_stage import train_split_only
+
     out = Path(args.out)
     with stage_run("dual_encoder_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = _params(st, "dual_encoder_train")
@@ -59,6 +66,11 @@ def _train_main(args: argparse.Namespace) -> None:
 
 
 def _predict_main(args: argparse.Namespace) -> None:
+    from .. import io
+    from ..dual_encoder.model import JSON
+    from ..dual_encoder.serve import PredictParams, load, predict
+    from ..neural_stage import prediction_inputs
+
     outs = [args.out] + [p for p in (args.emb_out, args.shortlist_out) if p]
     with stage_run("dual_encoder_predict", args, outputs=outs) as st:
         overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings

@@ -30,21 +30,29 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import io
-from ..elias.params import EliasParams
-from ..elias.run import TrainingFiles, outputs, run_training
-from ..elias.serve import PredictParams, load, predict
-from ..neural_stage import prediction_inputs, stage_params, train_split_only
+from typing import TYPE_CHECKING
+
 from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
+
+if TYPE_CHECKING:
+    from ..elias.params import EliasParams
+
+# torch, transformers and scikit-learn load inside the commands, so that --help answers at once
 
 # --------------------------------------------------------------------------- CLI
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
+    from ..elias.params import EliasParams
+    from ..neural_stage import stage_params
+
     return stage_params(st, EliasParams, rule, "elias")
 
 
 def _train_main(args: argparse.Namespace) -> None:
+    from ..elias.run import TrainingFiles, outputs, run_training
+    from ..neural_stage import train_split_only
+
     out = Path(args.out)
     stage = int(args.stage)
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in outputs(stage)]) as st:
@@ -55,6 +63,10 @@ def _train_main(args: argparse.Namespace) -> None:
 
 
 def _predict_main(args: argparse.Namespace) -> None:
+    from .. import io
+    from ..elias.serve import PredictParams, load, predict
+    from ..neural_stage import prediction_inputs
+
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
         overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
