@@ -90,14 +90,18 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
     run("predict", "valid", "--model", str(tmp_path / "ranker"), "--calibration", str(tmp_path / "cal"),
         "--out", str(tmp_path / "pred.parquet"))
     train_freq = np.asarray(split["train"].sum(axis=0)).ravel()
-    assert len(seen) == 2
+    # the calibrate stage's fits (out of fold on the two halves, scored on the others, then on every row) and the
+    # prediction: 6 calls, each with the training-label counts
+    assert len(seen) == 6
     for freq in seen:
         assert freq == pytest.approx(train_freq)
         assert not np.allclose(freq, train_freq + np.asarray(split["valid"].sum(axis=0)).ravel())
     assert io.read_predictions(tmp_path / "pred.parquet", L).shape == (n, L)
-    # calibrate_top below the depth: the tree is fit on, and answers, each row's top 3 by the ranker
+    # calibrate_top below the depth: the tree is fit on, and answers, each row's top 3 by the ranker (the
+    # calibration forced, as paper mode does: on this random problem the validation split keeps the input)
     run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
-        "--out", str(tmp_path / "cal3"), "--params", '{"n_candidates": 5, "calibrate_top": 3}')
+        "--out", str(tmp_path / "cal3"), "--params", '{"n_candidates": 5, "calibrate_top": 3, "combine": "calibrated", '
+                                                     '"allow_weak": true}')
     run("predict", "valid", "--model", str(tmp_path / "ranker"), "--calibration", str(tmp_path / "cal3"),
         "--out", str(tmp_path / "pred3.parquet"), "--params", '{"n_candidates": 5, "calibrate_top": 3}')
     meta = io.read_json(tmp_path / "cal3" / "calibration.json")
@@ -107,7 +111,8 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
     # calibrate_docs (ELIAS §3.5: 5,000 points) fits on that many validation documents; max_depth null: sklearn's
     # default tree, grown until its leaves are pure (§3.5's "standard decision tree")
     run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
-        "--out", str(tmp_path / "cal40"), "--params", '{"n_candidates": 5, "calibrate_docs": 40, "max_depth": null}')
+        "--out", str(tmp_path / "cal40"), "--params", '{"n_candidates": 5, "calibrate_docs": 40, "max_depth": null, '
+                                                      '"combine": "calibrated", "allow_weak": true}')
     meta = io.read_json(tmp_path / "cal40" / "calibration.json")
     assert meta["n_fit_docs"] == 40 and meta["n_fit"] == 5 * 40 and meta["max_depth"] is None
 

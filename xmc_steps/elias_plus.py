@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -24,7 +24,21 @@ from .params import Params, bounded
 from .ranker import SOLVER_MOVED, RankerParams, append_bias, ranker_features, train_rankers
 from .search import Transform, masked_product, top_entries, topk_per_row, transform
 
+if TYPE_CHECKING:
+    from .second_stage import Choice
+
 FORMAT = "xmc-elias-plus-v1"
+
+#: how the calibrate stage scores a candidate from the ranker's margin ``h``, the first model's score ``s``
+#: (the shortlist's) and the label's training frequency: ``shortlist`` (``s``: the input alone, the second
+#: stage off), ``product`` (``s`` x transform(h)), ``ranker`` (transform(h)), ``calibrated`` (ELIAS++ §3.5: a
+#: tree's probability over (h, s, frequency) on the top ``calibrate_top``), ``fusion`` (NGAME's score fusion:
+#: ``beta * (tree + s) + transform(h)``, the tree over (transform(h), s, frequency) on every candidate)
+Combine = Literal["auto", "shortlist", "product", "ranker", "calibrated", "fusion"]
+COMBINES = ("shortlist", "product", "ranker", "calibrated", "fusion")
+#: the grids ``fusion_beta`` and ``fusion_depth`` are chosen from on validation when unset (NGAME's code: 1, 7)
+BETAS = (0.1, 0.3, 1.0, 3.0, 10.0)
+DEPTHS = (3, 5, 7)
 
 
 @dataclass
@@ -46,10 +60,21 @@ class EliasPlusParams(Params):
     topk: int = 100
     seed: int = 0                  # the calibration tree's
     threads: int = bounded(1, ge=1)  # labels' rankers trained in parallel (the stage's --threads)
+    combine: Combine = "auto"      # the score the calibrate stage fits on the validation split (COMBINES);
+                                   # auto: the best of ``choices`` there, the input's own order among them
+    choices: list[Combine] = field(default_factory=lambda: ["shortlist", "calibrated"])
+    fusion_beta: float | None = bounded(None, ge=0)  # fusion's beta; None: chosen on validation (BETAS)
+    fusion_depth: int | None = bounded(None, ge=1)   # fusion's tree depth; None: chosen on validation (DEPTHS)
+    allow_weak: bool = False       # a forced ``combine`` that loses to its input on validation only warns
     solver: RankerParams = field(default_factory=RankerParams)
 
     _what = "ELIAS++ parameter"
     _moved = {k: v for k, v in SOLVER_MOVED.items() if k != "seed"}
+
+    def __post_init__(self) -> None:
+        bad = [c for c in self.choices if c not in COMBINES]
+        if bad or not self.choices:
+            raise ValueError(f"{self._what} choices must be a non-empty list of {', '.join(COMBINES)}, got {bad or '[]'}")
 
 
 def candidates(scores: sp.csr_matrix, n: int) -> sp.csr_matrix:
@@ -139,20 +164,150 @@ def apply_tree(tree: dict[str, np.ndarray], F: np.ndarray) -> np.ndarray:
     return tree["prob"][node]
 
 
-def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: EliasPlusParams,
-                calibration: dict[str, np.ndarray] | None = None, train_freq: np.ndarray | None = None) -> sp.csr_matrix:
-    """ELIAS++'s scores of the candidates (top-``p.topk`` per row): the calibration tree's
-    probability (ties broken by the uncalibrated score) of each row's top-``p.calibrate_top``
-    candidates by the uncalibrated score when ``calibration`` is given (the answer then holds at
-    most ``calibrate_top`` labels), else the uncalibrated combination (``p.uncalibrated``) of all."""
-    h = ranker_scores(Xr, W, cand, p.solver.bias)
-    score = uncalibrated_scores(cand.data, h, p)
-    if calibration is not None:
-        cand, F, score = calibration_inputs(cand, h, score, p, train_freq)
-        score = apply_tree(calibration, F) + 1e-6 * score
+@dataclass
+class Combination:
+    """A fitted score of the candidates (:data:`Combine`): its ``kind``, its tree (``calibrated``, ``fusion``),
+    fusion's ``beta`` and the tree's ``depth``; what the calibrate stage writes and prediction applies."""
+
+    kind: str
+    tree: dict[str, np.ndarray] | None = None
+    beta: float | None = None
+    depth: int | None = None
+    n_fit: int = 0                 # the candidates the tree was fit on, and the positives among them
+    positives: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.kind == "fusion":
+            return f"fusion(depth={self.depth},beta={self.beta:g})"
+        return self.kind
+
+
+def fusion_features(clf: np.ndarray, shortlist: np.ndarray, label_idx: np.ndarray, train_freq: np.ndarray) -> np.ndarray:
+    """NGAME's score fusion inputs per candidate: the classifier's score, the shortlist's and the label's
+    training frequency (NGAME: its inverse propensity, a decreasing function of it: the tree's partitions
+    are the same)."""
+    return np.column_stack([clf, shortlist, train_freq[label_idx]]).astype(np.float64)
+
+
+def combination_scores(c: Combination, cand: sp.csr_matrix, h: np.ndarray, p: EliasPlusParams,
+                       train_freq: np.ndarray | None) -> sp.csr_matrix:
+    """The candidates' scores under ``c`` (``h``: the ranker's margins in ``cand``'s order); ``calibrated``
+    keeps each row's top-``calibrate_top`` by the uncalibrated score (ties: by that score)."""
+    s = np.asarray(cand.data, dtype=np.float32)
+    th = transform(h, p.transform)
+    if c.kind == "shortlist":
+        score = s
+    elif c.kind == "product":
+        score = s * th
+    elif c.kind == "ranker":
+        score = th
+    elif c.kind == "calibrated":
+        cand, F, uncal = calibration_inputs(cand, h, uncalibrated_scores(s, h, p), p, train_freq)
+        score = apply_tree(c.tree, F) + 1e-6 * uncal
+    elif c.kind == "fusion":
+        score = c.beta * (apply_tree(c.tree, fusion_features(th, s, cand.indices, train_freq)) + s) + th
+    else:
+        raise StageError(f"unknown combination {c.kind!r} (known: {', '.join(COMBINES)})")
     out = cand.copy()
     out.data = np.asarray(score, dtype=np.float32)
-    return topk_per_row(out, p.topk)
+    return out
+
+
+def fit_combination(kind: str, cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParams,
+                    train_freq: np.ndarray, depth: int | None = None, beta: float | None = None) -> Combination:
+    """``kind`` fitted on the rows of ``cand`` (labels ``Y``): the tree of ``calibrated`` (depth ``max_depth``)
+    or of ``fusion`` (``depth``, ``beta``); nothing to fit for the others."""
+    if kind == "calibrated":
+        c, F, _ = calibration_inputs(cand, h, uncalibrated_scores(cand.data, h, p), p, train_freq)
+        y = candidate_truth(c, Y).astype(np.int64)
+        return Combination(kind, fit_calibration(F, y, p.max_depth, p.seed), depth=p.max_depth, n_fit=len(y),
+                           positives=int(y.sum()))
+    if kind == "fusion":
+        F = fusion_features(transform(h, p.transform), np.asarray(cand.data), cand.indices, train_freq)
+        y = candidate_truth(cand, Y).astype(np.int64)
+        return Combination(kind, fit_calibration(F, y, depth, p.seed), beta=beta, depth=depth, n_fit=len(y),
+                           positives=int(y.sum()))
+    return Combination(kind)
+
+
+def configurations(p: EliasPlusParams) -> list[tuple[str, int | None, float | None]]:
+    """``(kind, depth, beta)`` of every combination the calibrate stage measures: ``combine``, or with
+    ``auto`` each of ``choices`` (fusion over the unset ``fusion_depth`` x ``fusion_beta`` grids), and
+    ``shortlist`` (the input) always."""
+    kinds = list(p.choices) if p.combine == "auto" else [p.combine]
+    out: list[tuple[str, int | None, float | None]] = [("shortlist", None, None)]
+    for kind in dict.fromkeys(kinds):
+        if kind == "fusion":
+            out += [(kind, d, b) for d in ([p.fusion_depth] if p.fusion_depth else DEPTHS)
+                    for b in ([p.fusion_beta] if p.fusion_beta is not None else BETAS)]
+        elif kind != "shortlist":
+            out.append((kind, p.max_depth if kind == "calibrated" else None, None))
+    return out
+
+
+def _rows(cand: sp.csr_matrix, h: np.ndarray, rows: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
+    """``cand``'s ``rows`` and their margins (kept aligned)."""
+    H = sp.csr_matrix((np.asarray(h, dtype=np.float64), cand.indices, cand.indptr), shape=cand.shape)[rows]
+    return cand[rows], H.data
+
+
+def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParams, train_freq: np.ndarray,
+           what: str, section: str, log) -> tuple[Combination, "Choice"]:
+    """The combination the calibrate stage keeps, chosen on the validation rows given (``cand``, ``h``, ``Y``):
+    every :func:`configurations` entry scored out of fold (two seeded halves of the rows, each scored by
+    the trees fit on the other), measured (:mod:`xmc_steps.second_stage`), the best kept by
+    :func:`~xmc_steps.second_stage.choose` (or ``combine`` when forced, checked against the input), then
+    re-fit on all the rows."""
+    from . import second_stage
+
+    cand = sp.csr_matrix(cand)
+    Y = sp.csr_matrix(Y)
+    n = cand.shape[0]
+    half = np.random.default_rng(p.seed).permutation(n) % 2 == 0
+    folds = [np.where(half)[0], np.where(~half)[0]]
+    back = np.argsort(np.concatenate([folds[1], folds[0]]))
+    trees: dict[tuple[str, int | None], list[Combination]] = {}
+    rankings, fitted = {}, {}
+    for kind, depth, beta in configurations(p):
+        c = Combination(kind, beta=beta, depth=depth)
+        if kind in ("calibrated", "fusion"):
+            if (kind, depth) not in trees:
+                trees[(kind, depth)] = [fit_combination(kind, *_rows(cand, h, f), Y[f], p, train_freq, depth, beta)
+                                        for f in folds]
+            parts = []
+            for fit_on, score_on in ((0, 1), (1, 0)):
+                t = trees[(kind, depth)][fit_on]
+                parts.append(combination_scores(Combination(kind, t.tree, beta, depth), *_rows(cand, h, folds[score_on]),
+                                                p, train_freq))
+            scores = sp.vstack(parts, format="csr")[back]
+        else:
+            scores = combination_scores(c, cand, h, p, train_freq)
+        rankings[c.name] = second_stage.measure(topk_per_row(scores, p.topk), Y)
+        fitted[c.name] = (kind, depth, beta)
+        log.info("validation (out of fold) %s: %s", c.name,
+                 ", ".join(f"{k} {v:.2f}" for k, v in rankings[c.name].figures.items()))
+    if p.combine == "auto":
+        choice = second_stage.choose(rankings, "shortlist")
+    else:
+        name = [nm for nm, (k, _, _) in fitted.items() if k == p.combine][0]
+        choice = second_stage.forced(rankings, "shortlist", name)
+        second_stage.forced_check(choice, what, section, p.allow_weak, log)
+    kind, depth, beta = fitted[choice.chosen]
+    log.info("%s", choice.summary())
+    return fit_combination(kind, cand, h, Y, p, train_freq, depth, beta), choice
+
+
+def plus_scores(Xr: sp.csr_matrix, W: sp.spmatrix, cand: sp.csr_matrix, p: EliasPlusParams,
+                combination: Combination | dict[str, np.ndarray] | None = None,
+                train_freq: np.ndarray | None = None) -> sp.csr_matrix:
+    """The re-ranked candidates (top-``p.topk`` per row) under ``combination`` (what the calibrate stage
+    chose and fit on validation, or a calibration tree's arrays; ``calibrated``'s answer holds at most
+    ``calibrate_top`` labels), else the uncalibrated combination (``p.uncalibrated``) of all."""
+    h = ranker_scores(Xr, W, cand, p.solver.bias)
+    c = (Combination(p.uncalibrated) if combination is None else combination
+         if isinstance(combination, Combination) else Combination("calibrated", combination))
+    return topk_per_row(combination_scores(c, cand, h, p, train_freq), p.topk)
 
 
 def load_ranker(model: str | Path):
@@ -171,6 +326,10 @@ def label_train_freq(model: str | Path) -> np.ndarray:
                          "train it again (rule elias_plus_ranker)")
     return io.load_arrays(path)["freq"].astype(np.float64)
 
+
+#: the settings the calibrate stage takes from its rule (the others are the ranker's, saved with it)
+FIT_KEYS = ("max_depth", "seed", "calibrate_top", "calibrate_docs", "combine", "choices", "fusion_beta",
+            "fusion_depth", "allow_weak", "topk")
 
 #: the saved parameters a prediction may override (the predict rule's settings, serving's)
 PREDICT_KEYS = ("topk", "uncalibrated", "calibrate_top")
@@ -196,5 +355,31 @@ def predict(model: str | Path, tfidf: sp.spmatrix, emb: np.ndarray, scores: sp.s
     cand = candidates(sp.csr_matrix(scores), p.n_candidates)
     if cand.shape[0] != Xr.shape[0]:
         raise StageError(f"the candidates hold {cand.shape[0]} rows but the features {Xr.shape[0]}")
-    tree = io.load_arrays(Path(calibration) / "calibration.npz") if calibration is not None else None
-    return plus_scores(Xr, W, cand, p, tree, label_train_freq(model) if tree is not None else None), p
+    c = load_combination(calibration) if calibration is not None else None
+    return plus_scores(Xr, W, cand, p, c, label_train_freq(model) if c is not None else None), p
+
+
+def save_combination(folder: Path, c: Combination, info: Mapping[str, Any]) -> None:
+    """``calibration.npz`` (the tree, where the combination has one) and ``calibration.json`` (its kind,
+    beta and depth, and ``info``: the validation table and choice) into ``folder``."""
+    if c.tree is not None:
+        io.save_arrays(folder / "calibration.npz", **c.tree)
+    io.write_json(folder / "calibration.json", {"format": FORMAT, "combine": c.kind, "beta": c.beta,
+                                                "depth": c.depth, "n_fit": c.n_fit, "positives": c.positives, **info})
+
+
+def combination_files(folder: str | Path) -> list[Path]:
+    """The files of a :func:`save_combination` folder that prediction reads (a served model's copy needs them)."""
+    folder = Path(folder)
+    meta = io.read_json(folder / "calibration.json") if (folder / "calibration.json").exists() else {}
+    tree = meta.get("combine", "calibrated") in ("calibrated", "fusion")
+    return [folder / "calibration.json"] + ([folder / "calibration.npz"] if tree else [])
+
+
+def load_combination(folder: str | Path) -> Combination:
+    """What :func:`save_combination` wrote (a folder of before the choice holds a ``calibrated`` tree)."""
+    meta_path = Path(folder) / "calibration.json"
+    meta = io.read_json(meta_path) if meta_path.exists() else {}
+    kind = meta.get("combine", "calibrated")
+    tree = io.load_arrays(Path(folder) / "calibration.npz") if kind in ("calibrated", "fusion") else None
+    return Combination(kind, tree, meta.get("beta"), meta.get("depth"))

@@ -52,8 +52,10 @@ def _softmax_rows(P: sp.csr_matrix) -> sp.csr_matrix:
     return P
 
 
-def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 100) -> sp.csr_matrix:
-    """Combine score matrices (all N x L) by ``method``; top-``topk`` per row."""
+def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 100,
+            weights: list[float] | None = None) -> sp.csr_matrix:
+    """Combine score matrices (all N x L) by ``method``; top-``topk`` per row.  ``weights`` (one per member,
+    summing to 1) replace the plain mean by a weighted one."""
     if method not in METHODS:
         raise ValueError(f"unknown ensemble method {method!r}; expected one of {METHODS}")
     if not members:
@@ -62,8 +64,10 @@ def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 1
     for m in members:
         if m.shape != shape:
             raise ValueError(f"members differ in shape: {m.shape} vs {shape}")
+    if weights is not None and len(weights) != len(members):
+        raise ValueError(f"{len(weights)} weights for {len(members)} members")
     out = sp.csr_matrix(shape, dtype=np.float32)
-    for m in members:
+    for i, m in enumerate(members):
         m = sp.csr_matrix(m, dtype=np.float32)
         if method == "rank-average":
             m = _rank_scores(m)
@@ -72,6 +76,23 @@ def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 1
         elif method == "sigmoid-average":
             m = m.copy()
             m.data = (1.0 / (1.0 + np.exp(-m.data))).astype(np.float32)
-        out = out + m
-    out = out.multiply(np.float32(1.0 / len(members))).tocsr()
+        out = out + (m if weights is None else m.multiply(np.float32(weights[i])).tocsr())
+    if weights is None:
+        out = out.multiply(np.float32(1.0 / len(members))).tocsr()
     return topk_per_row(out, topk)
+
+
+#: the first member's weights an ensemble of two is measured at on validation (the plain mean is 0.5)
+WEIGHTS = (0.25, 0.5, 0.75)
+
+
+def candidates(n_members: int) -> list[tuple[str, list[float] | None, int | None]]:
+    """``(name, weights, member)`` of every ranking an ensemble stage measures on validation: each member
+    alone (``member``), and the combination, at :data:`WEIGHTS` for two members, else the plain mean."""
+    out: list[tuple[str, list[float] | None, int | None]] = [(f"member {i}", None, i) for i in range(n_members)]
+    if n_members == 2:
+        out += [("combined" if w == 0.5 else f"combined(w={w:g})", None if w == 0.5 else [w, 1.0 - w], None)
+                for w in WEIGHTS]
+    elif n_members > 2:
+        out.append(("combined", None, None))
+    return out

@@ -82,9 +82,11 @@ def path_size(path: str | os.PathLike) -> int:
 
 
 def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, Any]:
-    """Per-stage table, train/total wall time, peak memory, model size, prediction latency, and the
-    machines the stages ran on (host, CPU model, cores, GPU; each distinct one once)."""
-    stages, model_paths, machines = [], [], []
+    """Per-stage table, train/total wall time, peak memory, model size, prediction latency, the
+    machines the stages ran on (host, CPU model, cores, GPU; each distinct one once), and the validation
+    checks of the stages whose input is another model's ranking (``second_stages``: input, chosen, whether
+    the stage was switched off; :mod:`xmc_steps.second_stage`)."""
+    stages, model_paths, machines, second = [], [], [], []
     parts, predicted = {}, False
     for r in records:
         extra = r.get("extra") or {}
@@ -102,6 +104,8 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
             "host": (r.get("machine") or {}).get("host"),
             "record": r.get("_path", ""),
         })
+        if extra.get("second_stage") is not None:      # a re-ranker's or ensemble's validation check
+            second.append({"rule": stages[-1]["rule"], **extra["second_stage"]})
         m = r.get("machine")
         if m and m not in machines:
             machines.append(dict(m))
@@ -133,6 +137,7 @@ def summarise_stages(records: list[Mapping[str, Any]], log=None) -> dict[str, An
         "predict_latency_ms_per_doc": round(sum(parts.values()), 6) if predicted else None,
         "predict_latency_parts_ms_per_doc": parts,
         "machines": machines,
+        "second_stages": second,
     }
 
 

@@ -123,6 +123,7 @@ def rows_of(results: Iterable[Mapping[str, Any]], reported: Mapping[str, Any] | 
         row["model_size_mb"] = (r.get("model_size_bytes") or 0) / 2**20
         row["device"] = r.get("device")
         row["machine"] = _machine(r)
+        row["second_stage"] = second_stage_cell(r.get("second_stages") or [])
         zs = r.get("zero_shot") or {}
         row["zero_shot_p_at_1"], row["zero_shot_recall_at_100"] = zs.get("p_at_1"), zs.get("recall_at_100")
         for k in ("p_at_1", "p_at_3", "p_at_5"):
@@ -191,6 +192,14 @@ def add_seed_columns(rows: list[dict[str, Any]], summaries: Iterable[Mapping[str
     return rows
 
 
+def second_stage_cell(checks: list[Mapping[str, Any]]) -> str | None:
+    """What the validation split decided for a target's re-rankers and ensembles: ``off`` where a stage
+    kept its input alone (the row is then its input's answer), else the combination kept."""
+    cells = [("off (kept " + c["input"] + ")" if c.get("switched_off") else c["chosen"]) + (" forced" if c.get("forced") else "")
+             for c in checks if c.get("measured", True) and "chosen" in c]
+    return "; ".join(cells) or None
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -216,8 +225,9 @@ def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
     seeds = any(r.get("n_seeds") for r in rows)
     marks = any(r.get("paper_settings") is not None or r.get("paper_note") for r in rows)
     zero = any(r.get("zero_shot_p_at_1") is not None for r in rows)
+    second = any(r.get("second_stage") for r in rows)
     cols = ["method"] + METRICS + (["seeds_p_at_1"] if seeds else []) + (
-        ["zero_shot_p_at_1", "zero_shot_recall_at_100"] if zero else []) + [
+        ["zero_shot_p_at_1", "zero_shot_recall_at_100"] if zero else []) + (["second_stage"] if second else []) + [
         "train_time_s", "predict_ms_per_doc", "model_size_mb", "gain_p_at_1", "paper_p_at_1",
         "paper_p_at_3", "paper_p_at_5"] + (["paper_settings"] if marks else []) + ["machine"]
     names = {**HEAD, "method": "target", "train_time_s": "train s", "predict_ms_per_doc": "predict ms/doc",
@@ -225,7 +235,8 @@ def markdown(dataset: str, rows: list[dict[str, Any]]) -> str:
              "paper_p_at_3": "paper P@3", "paper_p_at_5": "paper P@5", "machine": "machine",
              "seeds_p_at_1": "P@1 over seeds (n); ≈ within noise of the row above",
              "paper_settings": "paper's settings (* another split)",
-             "zero_shot_p_at_1": "zero-shot P@1", "zero_shot_recall_at_100": "zero-shot R@100"}
+             "zero_shot_p_at_1": "zero-shot P@1", "zero_shot_recall_at_100": "zero-shot R@100",
+             "second_stage": "second stage on validation (off: its input kept)"}
     out = [f"# Leaderboard: {dataset}", "",
            "Metrics in percent on the test split, best P@1 first; 'paper' columns are the papers' own figures for this "
            "dataset and target (sources below); the gain is (ours - parabel) / parabel on this data; zero-shot: over "

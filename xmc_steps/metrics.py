@@ -414,6 +414,12 @@ def recall(scores: Any, truth: Any, k: int = 100) -> np.ndarray:
     return _mean(acc["recall"], acc["n_docs"])
 
 
+def document_hits(scores: Any, truth: Any, k: int = 5) -> np.ndarray:
+    """Boolean ``n x k``: whether each document's ``j``-th ranked label is relevant (ties: higher score
+    first, then the lower label index), for per-document comparisons of two rankings (paired tests)."""
+    return _hits(_topk_chunk(_as_scores(scores), k), _as_truth(truth))
+
+
 def label_deciles(train_freq: Any, n_bins: int = 10) -> np.ndarray:
     """Bin id (0 = head .. n_bins-1 = tail) of every label, ELIAS Fig. 5 style.
 

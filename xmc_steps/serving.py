@@ -183,11 +183,17 @@ def _tokenizer(name: str):
     return cached(("tokenizer", name), lambda: encoders.load_tokenizer(name))
 
 
-def ensemble_of(members: list[sp.csr_matrix], method: str, topk: int) -> sp.csr_matrix:
-    """The members' scores combined as the ensemble stage combines their tables (one member: itself)."""
+def ensemble_of(members: list[sp.csr_matrix], method: str, topk: int,
+                choice: Mapping[str, Any] | None = None) -> sp.csr_matrix:
+    """The members' scores combined as the ensemble stage combines their tables (one member: itself), under
+    the ``choice`` the stage made on validation (its ``--choice-out``: one member alone, or the weights)."""
     from .ensemble import combine
+    from .search import topk_per_row
 
-    return members[0] if len(members) == 1 else combine(members, method, topk)
+    choice = choice or {}
+    if choice.get("member") is not None:
+        return topk_per_row(sp.csr_matrix(members[int(choice["member"])]), topk)
+    return members[0] if len(members) == 1 else combine(members, method, topk, choice.get("weights"))
 
 
 # --------------------------------------------------------------------------- scores

@@ -3,7 +3,8 @@
 # predictions are the nearest labels (faiss, xmc_steps.ann).  One model folder per encoder and length:
 #   results/{dataset}/dual-encoder/{enc}-{maxlen}/ (xmc_steps/dual_encoder/spec.py)
 # Variants: dual-encoder-ranker (NGAME's per-label classifiers over the shortlist: the ELIAS++ sparse ranker
-# stage on TF-IDF + the embedding) and dual-encoder-ensemble (averaged with xr-linear).
+# stage on TF-IDF + the embedding, then NGAME's score fusion chosen on validation) and dual-encoder-ensemble
+# (with xr-linear, its weight chosen on validation).
 from xmc_steps.dual_encoder import spec as DES  # noqa: E402  (its layout)
 from xmc_steps.xtransformer import spec as XTS  # noqa: E402  (the guard's linear tree)
 
@@ -15,8 +16,7 @@ def dual_encoder_params(w):
 
 def dual_encoder_linear(w):
     """The guard's linear tree: XR-Linear over the shared PIFA-TF-IDF tree, fit on the train split."""
-    return lay.at(RES, XTS.XT_LINEAR, dataset=w.dataset, emb="pifa-tfidf", tree=lay.tree_name(S(w)["cluster"]),
-                  fit="train") + "/model"
+    return DES.linear_tree(RES, w.dataset, S(w)) + "/model"
 
 
 rule dual_encoder_train:
@@ -120,10 +120,40 @@ rule dual_encoder_ranker:
         "--candidates {input.cand:q} --out {output.model:q} --method dual-encoder --threads {threads} " + STAGE_ARGS
 
 
-rule dual_encoder_ranker_predict:
-    """The classifiers' scores over the dual encoder's shortlist of each test document (uncalibrated)."""
+rule dual_encoder_ranker_fuse:
+    """NGAME's score fusion, fitted and chosen on the validation split: the classifiers' scores, the shortlist's
+    and each label's frequency through a tree, beta and depth chosen there, beside the shortlist alone, the
+    product and the classifiers alone (xmc_steps.elias_plus.select)."""
     input:
         model=rules.dual_encoder_ranker.output.model,
+        X=R(lay.TFIDF) + "/X_valid.npz",
+        Y=R(lay.INGEST) + "/Y_valid.npz",
+        emb=R(DES.DUAL_ENCODER) + "/emb_valid.npz",
+        cand=R(DES.DUAL_ENCODER) + "/pred_valid.parquet",
+    output:
+        model=directory(R(DES.DUAL_ENCODER_RANKER) + "/fusion"),
+        record=R(DES.DUAL_ENCODER_RANKER) + "/" + lay.record("fusion"),
+    log:
+        "logs/dual_encoder_ranker_fuse/{dataset}-{enc}-{maxlen}.log",
+    params:
+        settings=dual_encoder_ranker_params,
+        hash=H("dual_encoder_ranker_fuse"),
+    threads: 1
+    resources:
+        mem_mb=res("dual_encoder_ranker_fuse", "mem_mb", 8000),
+        runtime=res("dual_encoder_ranker_fuse", "runtime", 60),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.elias_plus calibrate --model {input.model:q} --tfidf {input.X:q} --emb {input.emb:q} "
+        "--labels {input.Y:q} --candidates {input.cand:q} --out {output.model:q} --method dual-encoder " + STAGE_ARGS
+
+
+rule dual_encoder_ranker_predict:
+    """The test documents' shortlist re-ranked by the combination the validation split chose."""
+    input:
+        model=rules.dual_encoder_ranker.output.model,
+        fusion=rules.dual_encoder_ranker_fuse.output.model,
         X=R(lay.TFIDF) + "/X_test.npz",
         emb=R(DES.DUAL_ENCODER) + "/emb_test.npz",
         cand=R(DES.DUAL_ENCODER) + "/pred_test.parquet",
@@ -143,18 +173,52 @@ rule dual_encoder_ranker_predict:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.elias_plus predict --model {input.model:q} --tfidf {input.X:q} --emb {input.emb:q} "
-        "--candidates {input.cand:q} --out {output.predictions:q} --method dual-encoder " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.elias_plus predict --model {input.model:q} --calibration {input.fusion:q} "
+        "--tfidf {input.X:q} --emb {input.emb:q} --candidates {input.cand:q} --out {output.predictions:q} "
+        "--method dual-encoder " + STAGE_ARGS
+
+
+rule linear_tree_valid_predict:
+    """XR-Linear fit on the train split (the guard's linear tree: xr-linear's settings and tree) on the
+    validation split: xr-linear's stand-in where an ensemble chooses on validation (xr-linear itself fits on
+    train + valid, so its own validation predictions have seen their labels)."""
+    input:
+        model=R(XTS.XT_LINEAR) + "/model",
+        X=R(lay.TFIDF) + "/X_valid.npz",
+    output:
+        predictions=R(XTS.XT_LINEAR) + "/pred_valid.parquet",
+        record=R(XTS.XT_LINEAR) + "/" + lay.record("pred_valid"),
+    wildcard_constraints:
+        fit="train",
+    log:
+        "logs/linear_tree_valid_predict/{dataset}-{emb}-{tree}-{fit}.log",
+    params:
+        settings=P("xr_linear", keep=("beam", "topk", "transform")),
+        hash=H("linear_tree_valid_predict"),
+    threads: threads_of
+    resources:
+        mem_mb=res("linear_tree_valid_predict", "mem_mb", 8000),
+        runtime=res("linear_tree_valid_predict", "runtime", 60),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.xr_linear predict --model {input.model:q} --features {input.X:q} "
+        "--out {output.predictions:q} --method xr-linear " + STAGE_ARGS
 
 
 rule dual_encoder_ensemble:
-    """The dual encoder's test predictions averaged with xr-linear's (the papers' ensembles with a linear model)."""
+    """The dual encoder's test predictions with xr-linear's: each alone or averaged (weights 0.25-0.75), the
+    best on the validation split (xr-linear there: its fit on the train split)."""
     input:
         members=lambda w: [DES.predictions(RES, w.dataset, S(w), None),
                            lay.at(RES, XRS.XR_LINEAR, dataset=w.dataset) + "/" + lay.PREDICTIONS],
+        valid=lambda w: [DES.model_dir(RES, w.dataset, S(w)) + "/pred_valid.parquet",
+                         DES.linear_tree(RES, w.dataset, S(w)) + "/pred_valid.parquet"],
+        Y=R(lay.INGEST) + "/Y_valid.npz",
         labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
         predictions=R(DES.DUAL_ENCODER_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        choice=R(DES.DUAL_ENCODER_ENSEMBLE) + "/ensemble.json",
         record=R(DES.DUAL_ENCODER_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/dual_encoder_ensemble/{dataset}-{variant}.log",
@@ -168,5 +232,6 @@ rule dual_encoder_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
-        "--out {output.predictions:q} --method dual-encoder " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --names dual-encoder xr-linear "
+        "--valid-predictions {input.valid:q} --valid-labels {input.Y:q} --choice-out {output.choice:q} "
+        "--label-table {input.labels:q} --out {output.predictions:q} --method dual-encoder " + STAGE_ARGS

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..elias_plus import EliasPlusParams
+from ..elias_plus import Combine, EliasPlusParams
 from ..neural import Amp
 from ..params import Params, bounded
 from ..trainer import TrainParams
@@ -113,5 +113,6 @@ class DualEncoderRankerParams(EliasPlusParams):
     the paper: the deeper default of ``elias.plus`` (300) was measured on ELIAS's stage 2 only."""
 
     n_candidates: int = bounded(100, ge=1)
+    choices: list[Combine] = field(default_factory=lambda: ["shortlist", "product", "ranker", "fusion"])
 
     _what = "dual-encoder ranker parameter"

@@ -1,7 +1,7 @@
 """The dual encoder's predictor for :mod:`xmc_steps.serving` (``python -m xmc_steps.stages.predict``): the
 texts' embeddings searched against the label embeddings (the index built once per process), as the predict
 stage scores the test split; ``dual-encoder-ranker`` re-ranks that shortlist with the per-label classifiers
-as its stage does (uncalibrated; ELIAS++'s one re-rank, :func:`xmc_steps.elias_plus.predict`), and
+as its stage does (the combination the validation split chose; ELIAS++'s one re-rank, :func:`xmc_steps.elias_plus.predict`), and
 ``dual-encoder-ensemble`` averages it with xr-linear's scores."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..neural import Amp
 from ..prediction import SavedPredictParams
 from ..serving import Features, Target, cached, ensemble_of
 from .params import DualEncoderParams, Search
-from .spec import DUAL_ENCODER_RANKER, model_dir
+from .spec import DUAL_ENCODER_RANKER, model_dir, predictions
 
 
 @dataclass
@@ -85,15 +85,18 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
     k100 = int(t.settings["evaluate"]["topk"])
     if variant == "ranker":
         P, emb = _nearest(t, f, k100, device)
-        rdir = Path(model_dir(t.res, t.dataset, t.settings, DUAL_ENCODER_RANKER)) / "model"
-        t.need(rdir / "ranker.json")
+        folder = Path(model_dir(t.res, t.dataset, t.settings, DUAL_ENCODER_RANKER))
+        rdir, fusion = folder / "model", folder / "fusion"
+        t.need(rdir / "ranker.json", *elias_plus.combination_files(fusion))
         ranker = cached(("dual-encoder-ranker", str(rdir)), lambda: elias_plus.load_ranker(rdir))
         return elias_plus.predict(rdir, f.tfidf, emb, P, {"topk": k100, "uncalibrated":
                                                           t.settings["dual_encoder"]["ranker"]["uncalibrated"]},
-                                  ranker=ranker)[0]
+                                  fusion, ranker=ranker)[0]
     if variant == "ensemble":
         from ..xr_linear.serve import scores as xr_linear_scores
 
         members = [_nearest(t, f, k100, device)[0], xr_linear_scores(t, None, f, k100, device)]
-        return ensemble_of(members, t.settings["dual_encoder"]["ensemble"], topk)
+        choice = Path(predictions(t.res, t.dataset, t.settings, "ensemble")).with_name("ensemble.json")
+        t.need(choice)
+        return ensemble_of(members, t.settings["dual_encoder"]["ensemble"], topk, io.read_json(choice))
     return _nearest(t, f, topk, device)[0]

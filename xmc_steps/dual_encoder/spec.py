@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..layout import INDEX, PREDICTIONS, RECORD, SPLITS, at, record, tokens_dir, tree_path
+from ..layout import INDEX, PREDICTIONS, RECORD, SPLITS, at, record, tokens_dir, tree_name, tree_path
 from ..methods import TREE_SETTINGS, MethodSpec, encoder_names, train_length
 from ..xr_linear.spec import XR_LINEAR
+from ..xtransformer.spec import XT_LINEAR
 
 DUAL_ENCODER = "{dataset}/dual-encoder/{enc}-{maxlen}"
 DUAL_ENCODER_RANKER = DUAL_ENCODER + "/ranker"
@@ -56,14 +57,20 @@ def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | 
            f"{d}/{record('pred_test')}"]
     if variant == "ranker":
         r = model_dir(res, dataset, settings, DUAL_ENCODER_RANKER)
-        out += [f"{d}/{record(f'pred_{s}')}" for s in SPLITS] + [f"{r}/{record('train')}", f"{r}/{record('predict')}"]
+        out += [f"{d}/{record(f'pred_{s}')}" for s in SPLITS] + [f"{r}/{record(s)}" for s in ("train", "fusion", "predict")]
     if variant == "ensemble":
         xr = at(res, XR_LINEAR, dataset=dataset)
         out += [at(res, INDEX, dataset=dataset, emb="pifa-tfidf") + "/" + record("label_emb"),
                 record(tree_path(res, dataset, "pifa-tfidf", settings["cluster"])),
                 f"{xr}/{record('train')}", f"{xr}/{record('predict')}",
+                f"{d}/{record('pred_valid')}", f"{linear_tree(res, dataset, settings)}/{record('pred_valid')}",
                 at(res, DUAL_ENCODER_ENSEMBLE, dataset=dataset, variant=variant) + "/" + RECORD]
     return list(dict.fromkeys(out))
+
+
+def linear_tree(res: str, dataset: str, settings: Mapping[str, Any]) -> str:
+    """The guard's linear tree (XR-Linear over the shared PIFA-TF-IDF tree, fit on train): its folder."""
+    return at(res, XT_LINEAR, dataset=dataset, emb="pifa-tfidf", tree=tree_name(settings["cluster"]), fit="train")
 
 
 def encoder_refs(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -97,7 +104,9 @@ SPEC = MethodSpec(
         "dual_encoder_train": _MODEL,
         "dual_encoder_predict": _MODEL + ["evaluate.topk"],
         "dual_encoder_ranker": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
+        "dual_encoder_ranker_fuse": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
         "dual_encoder_ranker_predict": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
-        "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder", "evaluate.topk"]},
+        "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder", "evaluate.topk"],
+        "linear_tree_valid_predict": TREE_SETTINGS + ["xr_linear"]},
     patterns={"DUAL_ENCODER": DUAL_ENCODER, "DUAL_ENCODER_RANKER": DUAL_ENCODER_RANKER,
               "DUAL_ENCODER_ENSEMBLE": DUAL_ENCODER_ENSEMBLE})

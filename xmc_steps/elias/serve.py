@@ -109,7 +109,7 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         calibrated = variant != "ranker"
         cal = plus / "calibration"
         rdir = plus / "ranker"
-        t.need(rdir / "ranker.json", *([cal / "calibration.npz"] if calibrated else []))
+        t.need(rdir / "ranker.json", *(elias_plus.combination_files(cal) if calibrated else []))
         ranker = cached(("elias-ranker", str(rdir)), lambda: elias_plus.load_ranker(rdir))
         out.append(elias_plus.predict(rdir, f.tfidf, r["emb"], r["scores"],
                                       {"topk": k100, "uncalibrated": el["plus"]["uncalibrated"]},

@@ -85,8 +85,7 @@ def _calibrate_cli(args) -> None:
     with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
         W, meta = elias_plus.load_ranker(args.model)
         p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]),
-                                       **{k: v for k, v in st.params.items() if k in ("max_depth", "seed", "calibrate_top",
-                                                                                       "calibrate_docs")}})
+                                       **{k: v for k, v in st.params.items() if k in elias_plus.FIT_KEYS}})
         L = meta["n_labels"]
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
@@ -97,22 +96,27 @@ def _calibrate_cli(args) -> None:
             Xr, cand, Y = Xr[rows], cand[rows], Y[rows]
         st.metric("n_fit_docs", Xr.shape[0])
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
-        cand, F, _ = elias_plus.calibration_inputs(cand, h, elias_plus.uncalibrated_scores(cand.data, h, p), p,
-                                                   elias_plus.label_train_freq(args.model))
-        y = elias_plus.candidate_truth(cand, Y)
+        what, section = {"dual-encoder": ("the dual encoder's ranker", "dual_encoder.ranker")}.get(
+            args.method, ("ELIAS++'s ranker", "elias.plus"))
         with st.timed("fit"):
-            tree = elias_plus.fit_calibration(F, y.astype(np.int64), p.max_depth, p.seed)
+            c, choice = elias_plus.select(cand, h, Y, p, elias_plus.label_train_freq(args.model), what, section, st.log)
+        record = choice.record()
         with io.atomic_dir(out) as tmp:
-            io.save_arrays(tmp / "calibration.npz", **tree)
-            io.write_json(tmp / "calibration.json", {"format": FORMAT, "max_depth": p.max_depth,
-                                                     "calibrate_top": p.calibrate_top, "n_fit": int(len(y)),
-                                                     "n_fit_docs": int(Xr.shape[0]),
-                                                     "positives": int(y.sum()),
-                                                     "features": ["ranker_margin", "elias_score", "label_train_freq"]})
+            elias_plus.save_combination(tmp, c, {"max_depth": p.max_depth, "calibrate_top": p.calibrate_top,
+                                                 "n_fit_docs": int(Xr.shape[0]), "second_stage": record,
+                                                 "features": ["ranker_margin", "first_model_score",
+                                                              "label_train_freq"]})
         st.output("calibration", out)
         st.extra["model_paths"] = [str(out)]
-        st.metric("n_fit_candidates", len(y))
-        st.metric("fit_positive_rate", float(y.mean()))
+        st.extra["second_stage"] = record
+        if c.n_fit:
+            st.metric("n_fit_candidates", c.n_fit)
+            st.metric("fit_positive_rate", c.positives / c.n_fit)
+        st.params["combine_chosen"] = c.name
+        st.metric("second_stage_switched_off", float(choice.switched_off))
+        for side in ("input", "chosen"):
+            for k, v in record["valid"][side].items():
+                st.metric(f"valid_{side}_{k}", v)
 
 
 def _predict_cli(args) -> None:
