@@ -172,3 +172,18 @@ def test_zero_shot_columns_appear_when_a_result_has_them():
     md = leaderboard.markdown("d", rows)
     assert "zero-shot P@1" in md and "| 12.50 | 40.00 |" in md
     assert "zero-shot" not in leaderboard.markdown("d", leaderboard.rows_of([_res("xr-linear", 40.0)])).split("\n")[4]
+
+
+def test_a_switched_off_second_stage_is_named_in_its_row():
+    off = {"rule": "dual_encoder_ranker_fuse", "input": "shortlist", "chosen": "shortlist", "switched_off": True}
+    on = {"rule": "dual_encoder_ensemble", "input": "dual-encoder", "chosen": "combined(w=0.75)", "switched_off": False}
+    rows = leaderboard.rows_of([_res("dual-encoder-ranker", 30.0, second_stages=[off]),
+                                _res("dual-encoder-ensemble", 31.0, second_stages=[on]),
+                                _res("elias-ensemble", 20.0, second_stages=[{"rule": "elias_ensemble", "measured": False}]),
+                                _res("dual-encoder", 30.0)])
+    cells = {r["method"]: r["second_stage"] for r in rows}
+    assert cells == {"dual-encoder-ranker": "off (kept shortlist)", "dual-encoder-ensemble": "combined(w=0.75)",
+                     "elias-ensemble": None, "dual-encoder": None}
+    md = leaderboard.markdown("d", rows)
+    assert "second stage on validation" in md and "| off (kept shortlist) |" in md
+    assert "second stage on validation" not in leaderboard.markdown("d", leaderboard.rows_of([_res("dual-encoder", 1.0)]))
