@@ -1,11 +1,11 @@
 """The method registry: one line per method, and a new method added the documented way runs.
 
 docs/architecture.md ("Adding a method") lists what a method touches: its package, its stage, its rule
-file, its config section (config.yaml, the schema, config.paper.yaml) and one registry line.  The slow
+file, its config section (config.yaml, config.paper.yaml) and one registry line.  The slow
 test holds the project to the wiring: it copies the project, lays the toy method of ``tests/toy_method``
-over it (package, stage, rule file), adds its config section, its schema section and its line in
-``xmc_steps/registry.py``, and runs it through the DAG, evaluate and predict (the toy declares no
-resources and has no paper, so the schema's resources enum and config.paper.yaml stay as they are).
+over it (package, stage, rule file), adds its config section and its line in ``xmc_steps/registry.py``, and
+runs it through the DAG, evaluate and predict.  The schema is not edited: the toy's section is generated from
+its parameter tree (tests/test_schema.py; the toy has no paper, so config.paper.yaml stays as it is).
 """
 
 from __future__ import annotations
@@ -67,15 +67,10 @@ def _add_toy_method(proj: Path) -> None:
 
     shutil.copytree(ROOT / "tests" / "toy_method" / "xmc_steps", proj / "xmc_steps", dirs_exist_ok=True)
     shutil.copytree(ROOT / "tests" / "toy_method" / "workflow", proj / "workflow", dirs_exist_ok=True)
-    # the config section, and its schema
+    # the config section (its schema is generated from the toy's tree: no schema edit)
     cfg = yaml.safe_load((proj / "config.yaml").read_text())
     cfg["defaults"]["toymethod"] = {"topk": 10}
     (proj / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    schema = json.loads((proj / "workflow" / "schemas" / "config.schema.json").read_text())
-    schema["$defs"]["settings"]["properties"]["toymethod"] = {
-        "type": "object", "additionalProperties": False,
-        "properties": {"topk": {"type": "integer", "minimum": 1}}}
-    (proj / "workflow" / "schemas" / "config.schema.json").write_text(json.dumps(schema, indent=2))
     # the registry line
     reg = proj / "xmc_steps" / "registry.py"
     text = reg.read_text()

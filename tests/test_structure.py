@@ -59,7 +59,7 @@ MODULES = _modules()
 STAGES = {n for n in MODULES if n.startswith("xmc_steps.stages.")}
 #: the console command (pyproject's [project.scripts]): neither library nor a stage, it runs the stages
 #: a user runs outside Snakemake (predict, fetch) and the library's serve and params
-ENTRY_POINTS = {"xmc_steps.cli"}
+ENTRY_POINTS = {"xmc_steps.cli", "xmc_steps.schema"}   # the `xmc` command; the schema generator (a developer tool)
 
 
 def test_every_module_with_a_main_is_a_stage_in_the_stages_folder():

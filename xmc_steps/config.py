@@ -42,11 +42,16 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],
     "cluster": _TREE,
 }
+#: The settings each rule passes its stage, unchanged (``params.settings``: :func:`rule_payload`), by dotted key:
+#: the methods' rules' from their specs' ``passes``.  Each is also in the rule's :data:`RULE_SETTINGS` entry, so
+#: what a rule passes is always part of its hash.
+RULE_PASSES: dict[str, list[str]] = {}
 for _spec in registry.METHODS.values():
-    for _rule, _keys in _spec.rule_settings.items():
+    for _rule in [*_spec.rule_settings, *(r for r in _spec.passes if r not in _spec.rule_settings)]:
         if _rule in RULE_SETTINGS:
             raise ValueError(f"rule '{_rule}' of method '{_spec.name}' is already in config.RULE_SETTINGS")
-        RULE_SETTINGS[_rule] = list(_keys)
+        RULE_SETTINGS[_rule] = list(_spec.rule_settings.get(_rule, [])) + list(_spec.passes.get(_rule, []))
+    RULE_PASSES.update({r: list(keys) for r, keys in _spec.passes.items()})
 
 
 #: The form of an encoder key (the schema's ``$defs/encoder_key``): it names the encoder in paths.
@@ -163,12 +168,24 @@ def _as_type(value: str, nodes: list[Mapping[str, Any]]) -> Any:
     return value
 
 
+def load_schema(schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """The configuration schema: the committed, generated file (:mod:`xmc_steps.schema`), or, where a registered
+    method's section is not in it yet (a method just added), the schema generated anew from the registry."""
+    schema = json.loads(Path(schema_path).read_text())
+    sections = schema.get("$defs", {}).get("settings", {}).get("properties", {})
+    if Path(schema_path) == SCHEMA_PATH and any(s.tree and s.section not in sections for s in registry.METHODS.values()):
+        from .schema import build
+
+        schema = build()
+    return schema
+
+
 def coerce_overrides(config: dict[str, Any], overrides: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) -> None:
     """Give the values of ``config`` that ``overrides`` (Snakemake's ``--config``) set the types the schema
     declares there, in place.  Snakemake reads a nested ``--config 'datasets={"x": {"beam": 10}}'`` with
     YAML's BaseLoader, which leaves every scalar a string ('10'); a top-level ``key=10`` it converts itself.
     A string that fits none of the declared types is left for :func:`validate` to name."""
-    schema = json.loads(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
 
     def walk(value: Any, mask: Any, nodes: list[Mapping[str, Any]]) -> Any:
         if isinstance(value, str):
@@ -189,7 +206,7 @@ def validate(config: Mapping[str, Any], source: str = "config.yaml", schema_path
     """Validate ``config``; raise :class:`ConfigError` naming every bad key."""
     import jsonschema
 
-    schema = json.loads(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     messages = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
@@ -368,6 +385,24 @@ def rule_settings(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str
         for part in key.split("."):
             v = v[part]
         out[key] = {k: x for k, x in v.items() if k not in leave_out} if leave_out else v
+    return out
+
+
+def rule_payload(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What ``rule`` passes its stage (:data:`RULE_PASSES`): each passed section's keys unchanged, merged into
+    one object (a dotted key that is no section passes as ``{its last name: value}``).  A key two entries
+    both give is an error: the payload reshapes nothing."""
+    if rule not in RULE_PASSES:
+        raise KeyError(f"rule '{rule}' passes no settings (config.RULE_PASSES)")
+    out: dict[str, Any] = {}
+    for key, value in rule_settings(settings, rule, wildcards).items():
+        if key not in [k.format(**(wildcards or {})) for k in RULE_PASSES[rule]]:
+            continue
+        part = dict(value) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
+        clash = sorted(set(part) & set(out))
+        if clash:
+            raise ValueError(f"rule '{rule}' passes {', '.join(clash)} twice (config.RULE_PASSES)")
+        out.update(part)
     return out
 
 

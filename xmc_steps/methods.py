@@ -93,6 +93,13 @@ class MethodSpec:
     #: whose keys are fields of that class)``, ``*`` every key of a map; ``tests/test_settings_source.py``
     #: holds the schema's enums and bounds of these sections equal to the classes'
     params: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    #: ``"module:Class"``: the parameter tree of its whole config section (``section``), shaped like it; the
+    #: schema's section is generated from it (:mod:`xmc_steps.schema`), its defaults are config.yaml's
+    tree: str = ""
+    #: the settings each of its rules passes its stage (``params.settings``, :func:`xmc_steps.config.rule_payload`):
+    #: rule name -> dotted keys, each a section passed unchanged; they are part of the rule's hash
+    #: (:data:`xmc_steps.config.RULE_SETTINGS` adds them to ``rule_settings``), so the two cannot disagree
+    passes: Mapping[str, list] = field(default_factory=dict)
     #: its rules' settings (:data:`xmc_steps.config.RULE_SETTINGS`'s entries): rule name -> dotted keys
     rule_settings: Mapping[str, list] = field(default_factory=dict)
     #: the method's artifact path patterns by name (``{dataset}/...``, as :mod:`xmc_steps.layout`'s)

@@ -49,6 +49,10 @@ Candidates = Literal["matcher", "union", "linear"]
 Combiner = Literal["product", "ranker", "mean"]
 #: LightXML's negative labels: re-drawn from the generator at every step, or drawn once: ``{sampling}``
 Sampling = Literal["dynamic", "static"]
+#: the splits a model fits on (``fit_on``)
+Split = Literal["train", "valid"]
+#: the splits a model fits on: at least one, each once
+FIT_ON = {"minItems": 1, "uniqueItems": True}
 
 #: the bound keywords of a field's metadata (JSON Schema's, so the schema states them the same way)
 BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
@@ -87,12 +91,25 @@ def check_choice(value: Any, options: Any, what: str) -> None:
 
 
 def bounded(default: Any = MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None, default_factory: Any = MISSING) -> Any:
+            lt: float | None = None, default_factory: Any = MISSING, schema: Mapping[str, Any] | None = None,
+            setting: bool = True) -> Any:
     """A dataclass field whose value (unless ``None``) must be ``>= ge``, ``> gt``, ``<= le``, ``< lt``:
     ``dropout: float = bounded(0.1, ge=0, lt=1)``.  The bounds are the field's metadata under the
-    JSON Schema keywords (:data:`BOUNDS`); :meth:`Params.check_fields` checks them."""
-    meta = {k: v for k, v in zip(BOUNDS, (ge, gt, le, lt)) if v is not None}
+    JSON Schema keywords (:data:`BOUNDS`); :meth:`Params.check_fields` checks them.  ``schema``: further
+    JSON Schema keywords of the setting (``{"minItems": 1}``; a ``$ref`` replaces the type's schema);
+    ``setting=False``: a value the stage is given (``threads``), no key of the config section
+    (:mod:`xmc_steps.schema`)."""
+    meta: dict[str, Any] = {k: v for k, v in zip(BOUNDS, (ge, gt, le, lt)) if v is not None}
+    if schema:
+        meta["schema"] = dict(schema)
+    if not setting:
+        meta["setting"] = False
     return field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def given(default: Any = None) -> Any:
+    """A field the rule or the stage fills in (the thread count, an encoder's name), no config setting."""
+    return bounded(default, setting=False)
 
 
 def bounds(f: Field) -> dict[str, float]:

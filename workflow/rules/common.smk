@@ -121,6 +121,16 @@ def P(*sections, nest=False, keep=None, drop=()):
     return f
 
 
+def PASS(rule):
+    """A params function: the settings ``rule`` passes its stage (its spec's ``passes``: each section
+    unchanged), the JSON of config.rule_payload; they are part of the rule's hash, ``H(rule)``."""
+
+    def f(wildcards):
+        return json.dumps(xcfg.rule_payload(S(wildcards), rule, dict(wildcards.items())), sort_keys=True)
+
+    return f
+
+
 def threads_of(wildcards):
     """The threads a multi-threaded rule asks for: the dataset's ``threads`` setting (Snakemake
     caps it at ``--cores`` and passes what it grants as ``--threads {threads}``)."""

@@ -26,7 +26,7 @@ rule xr_linear_train:
     log:
         "logs/xr_linear_train/{dataset}.log",
     params:
-        settings=P("xr_linear", drop=("fit_on", "topk")),
+        settings=PASS("xr_linear_train"),
         hash=H("xr_linear_train"),
     threads: threads_of
     resources:
@@ -50,7 +50,7 @@ rule xr_linear_predict:
     log:
         "logs/xr_linear_predict/{dataset}.log",
     params:
-        settings=P("xr_linear", keep=("beam", "topk", "transform")),
+        settings=PASS("xr_linear_predict"),
         hash=H("xr_linear_predict"),
     threads: threads_of
     resources:
@@ -74,7 +74,7 @@ rule parabel_train:
     log:
         "logs/parabel_train/{dataset}.log",
     params:
-        settings=P("parabel"),
+        settings=PASS("parabel_train"),
         hash=H("parabel_train"),
     threads: threads_of
     resources:
@@ -99,7 +99,7 @@ rule parabel_predict:
     log:
         "logs/parabel_predict/{dataset}.log",
     params:
-        settings=P("parabel"),
+        settings=PASS("parabel_predict"),
         hash=H("parabel_predict"),
     threads: threads_of
     resources:

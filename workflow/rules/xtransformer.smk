@@ -47,7 +47,7 @@ rule xtransformer_linear_train:
     log:
         "logs/xtransformer_linear_train/{dataset}-{emb}-{tree}-{fit}.log",
     params:
-        settings=P("xr_linear", drop=("fit_on", "topk")),
+        settings=PASS("xtransformer_linear_train"),
         hash=H("xtransformer_linear_train"),
     threads: threads_of
     resources:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..ann import EXACT_MAX
 from ..elias_plus import Combine, EliasPlusParams
 from ..neural import Amp
 from ..params import Params, bounded
@@ -61,7 +62,7 @@ class DualEncoderParams(Params):
     topk: int = bounded(100, ge=1)           # prediction: labels written per text; the guard's budget K
     shortlist_topk: int | None = bounded(None, ge=1)  # predict --shortlist-out: labels per text; None: topk
     search: Search = "auto"                  # exact | hnsw | auto: exact up to exact_max_labels labels
-    exact_max_labels: int = bounded(180_000, ge=1)  # = xmc_steps.ann.EXACT_MAX (bench/bench_ann.py: HNSW 2x faster above, batches of 256)
+    exact_max_labels: int = bounded(EXACT_MAX, ge=1)  # HNSW above (xmc_steps.ann.EXACT_MAX, measured: docs/ann.md)
     allow_weak: bool = False                 # true: a model below the guard's baselines only warns
     amp: Amp = "auto"                        # training and inference
     device: str = "auto"

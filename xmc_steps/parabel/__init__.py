@@ -7,6 +7,7 @@ from ..methods import lazy_exports
 #: the public names, each imported from its submodule on first use (``import xmc_steps.parabel.spec`` is light)
 _EXPORTS = {
     "HYPER_KEYS": ".model",
+    "ParabelParams": ".model",
     "write_xmc_file": ".model",
     "train": ".model",
     "predict": ".model",

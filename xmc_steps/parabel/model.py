@@ -21,13 +21,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import io
-from ..params import Params, bounded
+from ..params import FIT_ON, Params, Split, bounded
 
 @dataclass
 class ParabelParams(Params):
-    """The ``parabel`` section: omikuji's hyper-parameters (its defaults are Parabel's) and the beam.
-    The stage reads the section as a mapping; this class states its settings once, for ``xmc params``
-    and the schema's bounds (tests/test_settings_source.py)."""
+    """The ``parabel`` section: omikuji's hyper-parameters (its defaults are Parabel's) and the beam."""
 
     n_trees: int = bounded(3, ge=1)  # trees in the forest (Parabel: 3)
     max_depth: int = bounded(20, ge=1)  # the deepest a tree grows
@@ -39,7 +37,9 @@ class ParabelParams(Params):
     linear_max_iter: int = bounded(20, ge=1)  # liblinear's passes over the data
     beam: int = bounded(10, ge=1)  # beam width of the tree search at prediction
     topk: int = bounded(100, ge=1)  # labels kept per test document
-    fit_on: list[str] = field(default_factory=lambda: ["train", "valid"])  # the splits the model trains on
+    fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the splits the model
+                                    # trains on
+    threads: int = bounded(2, ge=1, setting=False)  # omikuji's threads (the stage's --threads)
 
     _what = "parabel parameter"
 

@@ -36,5 +36,6 @@ SPEC = MethodSpec(
     predictor="xmc_steps.parabel.serve:scores", rules="linear.smk",
     patterns={"PARABEL": PARABEL},
     params=(("parabel", "xmc_steps.parabel.model:ParabelParams", ()),),
-    rule_settings={"parabel_train": BASE_SETTINGS + ["tfidf", "parabel"],
-                   "parabel_predict": BASE_SETTINGS + ["tfidf", "parabel"]})
+    tree="xmc_steps.parabel.model:ParabelParams",
+    rule_settings={"parabel_train": BASE_SETTINGS + ["tfidf"], "parabel_predict": BASE_SETTINGS + ["tfidf"]},
+    passes={"parabel_train": ["parabel"], "parabel_predict": ["parabel"]})

@@ -13,12 +13,24 @@ from pathlib import Path
 import scipy.sparse as sp
 
 from .. import io
-from ..parabel import predict, train
+from ..errors import StageError
+from ..parabel import ParabelParams, predict, train
 from ..stage import add_common_args, cli_main, stage_run
 
 
 def _stack(paths: list[str]) -> sp.csr_matrix:
     return sp.vstack([io.load_csr(p) for p in paths]).tocsr()
+
+
+def _params(st) -> ParabelParams:
+    """The ``parabel`` section the rule passes (and the stage's --threads)."""
+    try:
+        params = ParabelParams.from_dict(st.params)
+    except (ValueError, TypeError) as e:
+        raise StageError(str(e)) from e
+    st.params.clear()
+    st.params.update(params.to_dict())
+    return params
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,13 +49,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "train":
         out = Path(args.out)
         with stage_run("parabel-train", args, outputs=[str(out)]) as st:
+            params = _params(st)
             X, Y = _stack(args.features), _stack(args.labels)
-            threads = int(st.params.get("threads", 2))
+            threads = params.threads
             st.log.info("training omikuji/Parabel on %d documents, %d features, %d labels, %d threads",
                         X.shape[0], X.shape[1], Y.shape[1], threads)
             with io.atomic_dir(out) as tmp:
                 with st.timed("train"):
-                    model = train(X, Y, st.params, tmp, threads)
+                    model = train(X, Y, params.to_dict(), tmp, threads)
                 model.save(str(tmp / "omikuji"))
             st.output("model", out)
             st.extra["model_paths"] = [str(out)]
@@ -52,13 +65,14 @@ def main(argv: list[str] | None = None) -> None:
         import omikuji
 
         with stage_run("parabel-predict", args, outputs=[args.out]) as st:
+            params = _params(st)
             model = omikuji.Model.load(str(Path(args.model) / "omikuji"))
-            model.init_prediction_thread_pool(int(st.params.get("threads", 2)))
+            model.init_prediction_thread_pool(params.threads)
             X = io.load_csr(args.features)
             t0 = time.perf_counter()
             n_labels = io.read_table(args.label_table, ["label_id"]).num_rows
-            scores = predict(model, X, int(st.params.get("topk", 100)), int(st.params.get("beam", 10)), n_labels)
-            st.predictions(args.out, scores, int(st.params.get("topk", 100)), time.perf_counter() - t0)
+            scores = predict(model, X, params.topk, params.beam, n_labels)
+            st.predictions(args.out, scores, params.topk, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

@@ -74,19 +74,18 @@ def _train_cli(args) -> None:
 
 def _predict_cli(args) -> None:
     with stage_run("xr_linear_predict", args, outputs=[args.out]) as st:
-        cfg = {"beam": 10, "topk": 100, "transform": None}
-        unknown = set(st.params) - set(cfg)
-        if unknown:
-            raise StageError(f"unknown predict parameter(s): {sorted(unknown)}")
-        cfg.update(st.params)
         try:
             model = XRLinearModel.load(args.model)
         except (OSError, ValueError) as e:
             raise StageError(f"cannot load model {args.model}: {e}") from e
+        try:       # the xr_linear section (or any of its keys) over the model's own: beam, topk, transform
+            params = XRLinearParams.from_dict({**model.params.to_dict(), **st.params})
+        except (ValueError, TypeError) as e:
+            raise StageError(f"predict parameters: {e}") from e
         X = _stack(args.features)
         if X.shape[1] != model.n_features:
             raise StageError(f"features have {X.shape[1]} columns, the model expects {model.n_features}")
-        cfg["transform"] = cfg["transform"] or model.params.transform
+        cfg = {"beam": params.beam, "topk": params.topk, "transform": params.transform}
         st.params.update(cfg)
         resources.check_memory(f"xr-linear predictions of {X.shape[0]:,} documents",
                                predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), int(cfg["topk"]), W=model.W),

@@ -41,7 +41,7 @@ import scipy.sparse as sp
 from .. import io, resources
 from ..cluster_tree import ClusterTree
 from ..negatives import binarize, combine
-from ..params import NegativeKind, Params, bounded
+from ..params import FIT_ON, NegativeKind, Params, Split, bounded
 from ..ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
 from ..search import (PREDICT_BATCH, LinearTreeTables, Transform, beam_search, expand_children, linear_scorer,
                      topk_per_row, uses_dense_block)
@@ -56,11 +56,14 @@ class XRLinearParams(Params):
     """Training parameters: the negatives (X-Transformer §3.4), the MAN beam, the score transform,
     and the rankers' solver (:class:`RankerParams`, the ``xr_linear.solver`` section)."""
 
-    negatives: NegativeKind = "tfn+man"  # the instances each cluster's rankers train on
-    beam: int = bounded(10, ge=1)  # beam of the model's own predictions used as MAN negatives
-    transform: Transform = "l3-hinge"  # score transform for MAN and the default for prediction
-    threads: int = bounded(1, ge=1)  # clusters trained in parallel (the stage's --threads)
-    solver: RankerParams = field(default_factory=RankerParams)
+    negatives: NegativeKind = "tfn+man"  # tfn | man | tfn+man: the instances each cluster's rankers train on (X-Transformer §3.4)
+    beam: int = bounded(10, ge=1)  # beam width of the tree search (MAN negatives and prediction)
+    topk: int = bounded(100, ge=1)  # predictions kept per document
+    transform: Transform = "l3-hinge"  # score transform along the tree (MAN and prediction)
+    fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the splits the model
+                                    # fits on (linear baselines do no model selection: all training data)
+    threads: int = bounded(1, ge=1, setting=False)  # clusters trained in parallel (the stage's --threads)
+    solver: RankerParams = field(default_factory=RankerParams)  # each one-vs-all ranker's liblinear solve
 
     _moved = SOLVER_MOVED
     _what = "xr-linear parameter"

@@ -45,4 +45,6 @@ SPEC = MethodSpec(
     patterns={"XR_LINEAR": XR_LINEAR},
     trees=trees,
     params=(("xr_linear", "xmc_steps.xr_linear.model:XRLinearParams", ()),),
-    rule_settings={"xr_linear_train": TREE_SETTINGS + ["xr_linear"], "xr_linear_predict": TREE_SETTINGS + ["xr_linear"]})
+    tree="xmc_steps.xr_linear.model:XRLinearParams",
+    rule_settings={"xr_linear_train": TREE_SETTINGS, "xr_linear_predict": TREE_SETTINGS},
+    passes={"xr_linear_train": ["xr_linear"], "xr_linear_predict": ["xr_linear"]})

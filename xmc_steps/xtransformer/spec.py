@@ -184,7 +184,7 @@ SPEC = MethodSpec(
             ("xtransformer.ranker", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ()),
             ("xtransformer.variants.*", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ())),
     rule_settings={
-        "xtransformer_linear_train": TREE_SETTINGS + ["xr_linear"],
+        "xtransformer_linear_train": TREE_SETTINGS,
         "xtransformer_linear_clusters": TREE_SETTINGS + ["xr_linear", "xtransformer.matcher.topb",
                                                          "xtransformer.matcher.scorer", "xtransformer.fit_on"],
         "matcher": TREE_SETTINGS + ["encoders.{enc}", "xtransformer.matcher"],
@@ -192,5 +192,6 @@ SPEC = MethodSpec(
         "xtransformer_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
         "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer", "evaluate.topk"],
         "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer", "evaluate.topk"]},
+    passes={"xtransformer_linear_train": ["xr_linear"]},
     patterns={"XT_TREE": XT_TREE, "XT_LINEAR": XT_LINEAR, "XT": XT, "XT_MATCHER": XT_MATCHER, "XT_RANKER": XT_RANKER,
               "XT_PREDICT": XT_PREDICT, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})

@@ -14,7 +14,7 @@ rule toymethod_train:
     log:
         "logs/toymethod_train/{dataset}.log",
     params:
-        settings=P("toymethod"),
+        settings=PASS("toymethod_train"),
         hash=H("toymethod_train"),
         out=R(TOY.TOYMETHOD),
     threads: 1

@@ -26,4 +26,6 @@ SPEC = MethodSpec(
     name="toymethod", section="toymethod", sections=("split", "ingest", "toymethod", "evaluate"),
     predictions=predictions, records=records, concepts=concepts,
     predictor="xmc_steps.toymethod.serve:scores", rules="toymethod.smk",
-    rule_settings={"toymethod_train": BASE_SETTINGS + ["toymethod"]}, patterns={"TOYMETHOD": TOYMETHOD})
+    tree="xmc_steps.toymethod.params:ToyParams",
+    rule_settings={"toymethod_train": BASE_SETTINGS}, passes={"toymethod_train": ["toymethod"]},
+    patterns={"TOYMETHOD": TOYMETHOD})
