@@ -100,8 +100,10 @@ def _defaults_sections() -> list[tuple[str, str]]:
     section (its stages' defaults differ: :func:`_elias_stage`) and maps (``*``)."""
     from xmc_steps import registry
 
-    return [(where, ref) for spec in registry.METHODS.values() for where, ref, _ in spec.params
-            if "*" not in where and where != "elias"]
+    out = [(where, ref) for spec in registry.METHODS.values() for where, ref, _ in spec.params
+           if "*" not in where and where != "elias"]
+    # each method's parameter tree, its whole section (xmc_steps.schema generates the schema's from it)
+    return out + [(spec.section, spec.tree) for spec in registry.METHODS.values() if spec.tree]
 
 
 DEFAULTS_SECTIONS = _defaults_sections()

@@ -45,12 +45,13 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
 #: The settings each rule passes its stage, unchanged (``params.settings``: :func:`rule_payload`), by dotted key:
 #: the methods' rules' from their specs' ``passes``.  Each is also in the rule's :data:`RULE_SETTINGS` entry, so
 #: what a rule passes is always part of its hash.
-RULE_PASSES: dict[str, list[str]] = {}
+RULE_PASSES: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {}
 for _spec in registry.METHODS.values():
     for _rule in [*_spec.rule_settings, *(r for r in _spec.passes if r not in _spec.rule_settings)]:
         if _rule in RULE_SETTINGS:
             raise ValueError(f"rule '{_rule}' of method '{_spec.name}' is already in config.RULE_SETTINGS")
-        RULE_SETTINGS[_rule] = list(_spec.rule_settings.get(_rule, [])) + list(_spec.passes.get(_rule, []))
+        _own = list(_spec.rule_settings.get(_rule, []))
+        RULE_SETTINGS[_rule] = _own + [k for k in _spec.passes.get(_rule, []) if k not in _own]
     RULE_PASSES.update({r: list(keys) for r, keys in _spec.passes.items()})
 
 
@@ -395,8 +396,9 @@ def rule_payload(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str,
     if rule not in RULE_PASSES:
         raise KeyError(f"rule '{rule}' passes no settings (config.RULE_PASSES)")
     out: dict[str, Any] = {}
+    passed = [(e if isinstance(e, str) else e[0]).format(**(wildcards or {})) for e in RULE_PASSES[rule]]
     for key, value in rule_settings(settings, rule, wildcards).items():
-        if key not in [k.format(**(wildcards or {})) for k in RULE_PASSES[rule]]:
+        if key not in passed:
             continue
         part = dict(value) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
         clash = sorted(set(part) & set(out))

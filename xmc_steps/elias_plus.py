@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,8 +34,9 @@ FORMAT = "xmc-elias-plus-v1"
 #: stage off), ``product`` (``s`` x transform(h)), ``ranker`` (transform(h)), ``calibrated`` (ELIAS++ §3.5: a
 #: tree's probability over (h, s, frequency) on the top ``calibrate_top``), ``fusion`` (NGAME's score fusion:
 #: ``beta * (tree + s) + transform(h)``, the tree over (transform(h), s, frequency) on every candidate)
-Combine = Literal["auto", "shortlist", "product", "ranker", "calibrated", "fusion"]
-COMBINES = ("shortlist", "product", "ranker", "calibrated", "fusion")
+Choice = Literal["shortlist", "product", "ranker", "calibrated", "fusion"]
+Combine = Literal["auto", Choice]
+COMBINES = get_args(Choice)
 #: the grids ``fusion_beta`` and ``fusion_depth`` are chosen from on validation when unset (NGAME's code: 1, 7)
 BETAS = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEPTHS = (3, 5, 7)
@@ -62,7 +63,8 @@ class EliasPlusParams(Params):
     threads: int = bounded(1, ge=1)  # labels' rankers trained in parallel (the stage's --threads)
     combine: Combine = "auto"      # the score the calibrate stage fits on the validation split (COMBINES);
                                    # auto: the best of ``choices`` there, the input's own order among them
-    choices: list[Combine] = field(default_factory=lambda: ["shortlist", "calibrated"])
+    choices: list[Choice] = bounded(default_factory=lambda: ["shortlist", "calibrated"],
+                                    schema={"minItems": 1})  # the scores auto chooses from
     fusion_beta: float | None = bounded(None, ge=0)  # fusion's beta; None: chosen on validation (BETAS)
     fusion_depth: int | None = bounded(None, ge=1)   # fusion's tree depth; None: chosen on validation (DEPTHS)
     allow_weak: bool = False       # a forced ``combine`` that loses to its input on validation only warns

@@ -19,12 +19,16 @@ The stage that writes an ensemble's prediction table is :mod:`xmc_steps.stages.e
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 import scipy.sparse as sp
 
 from .search import topk_per_row
 
-METHODS = ("average", "rank-average", "softmax-average", "sigmoid-average")
+#: how members' scores are combined
+Method = Literal["average", "rank-average", "softmax-average", "sigmoid-average"]
+METHODS = get_args(Method)
 
 
 def _rank_scores(P: sp.csr_matrix) -> sp.csr_matrix:

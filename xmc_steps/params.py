@@ -49,6 +49,8 @@ Candidates = Literal["matcher", "union", "linear"]
 Combiner = Literal["product", "ranker", "mean"]
 #: LightXML's negative labels: re-drawn from the generator at every step, or drawn once: ``{sampling}``
 Sampling = Literal["dynamic", "static"]
+#: the schema of a setting that names an encoder by its key (config.schema.json's ``$defs/encoder_key``)
+ENCODER_KEY = {"$ref": "#/$defs/encoder_key"}
 #: the splits a model fits on (``fit_on``)
 Split = Literal["train", "valid"]
 #: the splits a model fits on: at least one, each once

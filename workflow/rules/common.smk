@@ -121,14 +121,26 @@ def P(*sections, nest=False, keep=None, drop=()):
     return f
 
 
-def PASS(rule):
+def PASS(rule, **given):
     """A params function: the settings ``rule`` passes its stage (its spec's ``passes``: each section
-    unchanged), the JSON of config.rule_payload; they are part of the rule's hash, ``H(rule)``."""
+    unchanged), the JSON of config.rule_payload; they are part of the rule's hash, ``H(rule)``.  ``given``:
+    keys whose value the rule takes from its wildcards, as it takes a path (``encoder=ENC``: the encoder the
+    section's key stands for; ``max_length=MAXLEN``: the token files' width)."""
 
     def f(wildcards):
-        return json.dumps(xcfg.rule_payload(S(wildcards), rule, dict(wildcards.items())), sort_keys=True)
+        out = xcfg.rule_payload(S(wildcards), rule, dict(wildcards.items()))
+        for key, value in given.items():
+            if key not in out:
+                raise WorkflowError(f"rule {rule}: '{key}' is no key of the settings it passes")
+            out[key] = value(wildcards)
+        return json.dumps(out, sort_keys=True)
 
     return f
+
+
+def MAXLEN(wildcards):
+    """The token files' width of the wildcards' ``maxlen``."""
+    return int(wildcards.maxlen)
 
 
 def threads_of(wildcards):

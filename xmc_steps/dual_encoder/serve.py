@@ -72,7 +72,7 @@ def _nearest(t: Target, f: Features, k: int, device: str) -> tuple[sp.csr_matrix
     folder = Path(model_dir(t.res, t.dataset, t.settings))
     t.need(folder / JSON, folder / WEIGHTS)
     meta = io.read_json(folder / JSON)
-    over = {k_: de[k_] for k_ in ("search", "exact_max_labels", "eval_batch_size", "amp")}
+    over = {k_: de[k_] for k_ in ("search", "exact_max_labels", "eval_batch_size", "amp") if k_ in de}
     dev = neural.resolve_device(device)
     loaded = cached(("dual-encoder", str(folder), str(dev)),
                     lambda: load(folder, dev, PredictParams.effective(meta, over)))

@@ -89,8 +89,9 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
                 ensemble=2 if variant == "ensemble" else 1)
 
 
-#: what training and prediction read (the ranker's and the ensemble's settings are theirs alone)
-_MODEL = TREE_SETTINGS + ["encoders.{enc}", ("dual_encoder", ("ranker", "ensemble"))]
+#: the model's settings (the ranker's and the ensemble's are theirs alone), what training and prediction read
+_SECTION = ("dual_encoder", ("ranker", "ensemble"))
+_MODEL = TREE_SETTINGS + ["encoders.{enc}", _SECTION]
 
 SPEC = MethodSpec(
     paper='a dual encoder after NGAME (Dahiya et al., WSDM 2023) and DEXML (Gupta et al., ICLR 2024)',
@@ -100,13 +101,20 @@ SPEC = MethodSpec(
     concepts=concepts, predictor="xmc_steps.dual_encoder.serve:scores", rules="dual_encoder.smk",
     params=(("dual_encoder", "xmc_steps.dual_encoder.params:DualEncoderParams", ()),
             ("dual_encoder.ranker", "xmc_steps.dual_encoder.params:DualEncoderRankerParams", ())),
+    tree="xmc_steps.dual_encoder.params:DualEncoderSection",
+    passes={"dual_encoder_train": [_SECTION],
+            # prediction: the model's settings but its own depths (evaluate.topk's; the shortlist's is saved with it)
+            "dual_encoder_predict": [("dual_encoder", ("ranker", "ensemble", "topk", "shortlist_topk")), "evaluate.topk"],
+            "dual_encoder_ranker": ["dual_encoder.ranker", "evaluate.topk"],
+            "dual_encoder_ranker_fuse": ["dual_encoder.ranker", "evaluate.topk"],
+            "linear_tree_valid_predict": ["xr_linear"]},
     rule_settings={
-        "dual_encoder_train": _MODEL,
-        "dual_encoder_predict": _MODEL + ["evaluate.topk"],
-        "dual_encoder_ranker": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
-        "dual_encoder_ranker_fuse": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
+        "dual_encoder_train": TREE_SETTINGS + ["encoders.{enc}"],
+        "dual_encoder_predict": _MODEL,
+        "dual_encoder_ranker": _MODEL,
+        "dual_encoder_ranker_fuse": _MODEL,
         "dual_encoder_ranker_predict": _MODEL + ["dual_encoder.ranker", "evaluate.topk"],
         "dual_encoder_ensemble": TREE_SETTINGS + ["xr_linear", "dual_encoder", "evaluate.topk"],
-        "linear_tree_valid_predict": TREE_SETTINGS + ["xr_linear"]},
+        "linear_tree_valid_predict": TREE_SETTINGS},
     patterns={"DUAL_ENCODER": DUAL_ENCODER, "DUAL_ENCODER_RANKER": DUAL_ENCODER_RANKER,
               "DUAL_ENCODER_ENSEMBLE": DUAL_ENCODER_ENSEMBLE})
