@@ -52,15 +52,15 @@ class EliasPlusParams(Params):
     n_candidates: int = bounded(300, ge=1)
     calibrate_top: int = bounded(100, ge=1)
     neural_weight: float = bounded(1.0, gt=0)
-    transform: Transform = "l3-hinge"
+    transform: Transform = bounded("l3-hinge", setting=False)  # the ranker's score transform (the default's)
     uncalibrated: Literal["product", "ranker"] = "product"
     max_depth: int | None = bounded(5, ge=1)   # the calibration tree's; None: grown until its leaves are pure
                                    # (scikit-learn's default, §3.5's "standard decision tree")
     calibrate_docs: int | None = bounded(None, ge=1)  # the calibration fits on this many validation documents
                                    # (a seeded sample, seed: ``seed``; §3.5: 5,000); None: every one
-    topk: int = 100
-    seed: int = 0                  # the calibration tree's
-    threads: int = bounded(1, ge=1)  # labels' rankers trained in parallel (the stage's --threads)
+    topk: int = bounded(100, setting=False)  # labels written per document (the rule passes evaluate.topk)
+    seed: int = bounded(0, ge=0)   # the calibration tree's
+    threads: int = bounded(1, ge=1, setting=False)  # labels' rankers trained in parallel (the stage's --threads)
     combine: Combine = "auto"      # the score the calibrate stage fits on the validation split (COMBINES);
                                    # auto: the best of ``choices`` there, the input's own order among them
     choices: list[Choice] = bounded(default_factory=lambda: ["shortlist", "calibrated"],

@@ -152,8 +152,7 @@ rule dual_encoder_ranker_predict:
     log:
         "logs/dual_encoder_ranker_predict/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"],
-                                       "uncalibrated": S(w)["dual_encoder"]["ranker"]["uncalibrated"]}),
+        settings=PASS("dual_encoder_ranker_predict"),
         hash=H("dual_encoder_ranker_predict"),
     threads: 1
     resources:
