@@ -42,7 +42,7 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],
     "cluster": _TREE,
 }
-def _covered(entry: str | tuple[str, tuple[str, ...]], entries: list) -> bool:
+def covered(entry: str | tuple[str, tuple[str, ...]], entries: list) -> bool:
     """``entry`` (a dotted key, or ``(key, names left out)``) lies within one of ``entries``."""
     key, drop = (entry, ()) if isinstance(entry, str) else entry
     for e in entries:
@@ -63,7 +63,7 @@ for _spec in registry.METHODS.values():
         if _rule in RULE_SETTINGS:
             raise ValueError(f"rule '{_rule}' of method '{_spec.name}' is already in config.RULE_SETTINGS")
         _own = list(_spec.rule_settings.get(_rule, []))
-        RULE_SETTINGS[_rule] = _own + [k for k in _spec.passes.get(_rule, []) if not _covered(k, _own)]
+        RULE_SETTINGS[_rule] = _own + [k for k in _spec.passes.get(_rule, []) if not covered(k, _own)]
     RULE_PASSES.update({r: list(keys) for r, keys in _spec.passes.items()})
 
 

@@ -44,8 +44,9 @@ def field_docs(cls: type) -> dict[str, str]:
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
     out: dict[str, str] = {}
+    end = len(src.splitlines()) + 1
     for first, _last, name in starts:
-        stop = next_stmt[first]
+        stop = min(next_stmt[first], end)
         parts = [comments[i] for i in range(first, stop) if i in comments]
         if parts:
             out[name] = " ".join(p for p in parts if p)
