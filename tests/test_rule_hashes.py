@@ -22,7 +22,7 @@ from conftest import ROOT
 WILDCARDS = {"dataset": "debtags", "enc": "minilm", "maxlen": "64", "emb": "pifa-tfidf", "stage": "2",
              "split": "test", "cal": "calibrated", "variant": "main", "sampling": "dynamic", "rin": "tfidf+neural",
              "neg": "tfn+man", "cand": "matcher", "comb": "product", "method": "xr-linear", "fit": "train",
-             "guide": "full", "archive": "eurlex-4k"}
+             "guide": "full", "archive": "eurlex-4k", "guides": "full", "tree": None}
 
 
 class _W:
@@ -98,17 +98,27 @@ def test_every_setting_a_rule_passes_is_in_its_hash(workflow):
     from xmc_steps import config as xcfg, layout as lay
 
     config = workflow.config
-    tree = lay.tree_name(xcfg.dataset_settings(config, "debtags")["cluster"])
+    eff = xcfg.dataset_settings(config, "debtags")
+    tree = lay.tree_name(eff["cluster"])
+    from xmc_steps.lightxml.spec import lightxml_tree
+
+    # the LightXML and GUDN rules' own trees (their member's seed comes from it)
+    trees = {"lightxml_train": lightxml_tree(eff), "lightxml_predict": lightxml_tree(eff),
+             "gudn_train": lightxml_tree(eff, section=eff["gudn"]["backbone"]),
+             "gudn_predict": lightxml_tree(eff, section=eff["gudn"]["backbone"])}
     rules = [r for r in workflow.rules if {"settings", "hash"} <= set(r.params.keys())]
     base = {}
     for r in rules:
         try:
-            s, h = _both(r, config, tree)
+            s, h = _both(r, config, trees.get(r.name, tree))
         except Exception:   # noqa: BLE001 - a function needing more than wildcards: not checked here
             continue
         if s is not None and h is not None and r.name not in ("leaderboard",):
             base[r.name] = (s, h)
     assert len(base) >= 30, sorted(base)
+    # every rule that passes its sections (PASS) is checked: its settings function builds from the wildcards
+    passing = {r.name for r in rules} & set(xcfg.RULE_PASSES)
+    assert passing and passing <= set(base), sorted(passing - set(base))
     drift = {}
     original = copy.deepcopy(config["defaults"])
     for path, value in _leaves(original):
@@ -124,7 +134,7 @@ def test_every_setting_a_rule_passes_is_in_its_hash(workflow):
                 if r.name not in base:
                     continue
                 try:
-                    s, h = _both(r, config, tree)
+                    s, h = _both(r, config, trees.get(r.name, tree))
                 except Exception:   # noqa: BLE001 - the changed value breaks the function: nothing passed
                     continue
                 if s != base[r.name][0] and h == base[r.name][1]:

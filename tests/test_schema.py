@@ -28,13 +28,17 @@ def test_the_committed_schema_is_the_generated_one():
 
 def test_each_tree_s_section_is_generated_from_its_fields_and_base_states_none():
     base = json.loads(schema.BASE_PATH.read_text())["$defs"]["settings"]["properties"]
-    built = schema.build()["$defs"]["settings"]["properties"]
+    full = schema.build()
+    built = full["$defs"]["settings"]["properties"]
     trees = schema.generated_sections()
-    assert {"xr_linear", "parabel"} <= set(trees)
+    assert {"xr_linear", "parabel", "dual_encoder", "lightxml", "gudn"} <= set(trees)
     for section, ref in trees.items():
         assert section not in base, section
         cls = schema.load_class(ref)
         node = built[section]
+        if "$ref" in node:                      # a class of more than one place (schema.SHARED)
+            assert node == {"$ref": f"#/$defs/{schema.SHARED[ref]}"}
+            node = full["$defs"][schema.SHARED[ref]]
         assert node["additionalProperties"] is False
         settings = [f.name for f in cls.__dataclass_fields__.values() if f.metadata.get("setting", True)]
         assert list(node["properties"]) == settings, section
@@ -56,6 +60,18 @@ def test_a_rule_passes_its_section_unchanged_and_hashes_it():
         assert all(config.covered(k, config.RULE_SETTINGS[rule]) for k in keys), rule
     assert config.rule_payload(s, "xr_linear_train") == s["xr_linear"]
     assert config.rule_payload(s, "parabel_predict") == s["parabel"]
+    w = {"enc": "minilm"}
+    for rule in config.RULE_PASSES:                   # each payload builds (no key passed twice)
+        assert config.rule_payload(s, rule, w), rule
+    de = config.rule_payload(s, "dual_encoder_predict", w)
+    assert de["topk"] == s["evaluate"]["topk"] and not {"ranker", "ensemble", "shortlist_topk"} & set(de)
+    assert de == {**{k: v for k, v in s["dual_encoder"].items() if k not in ("ranker", "ensemble", "shortlist_topk")},
+                  "topk": s["evaluate"]["topk"]}
+    lx = config.rule_payload(s, "lightxml_train", w)
+    assert lx == {k: v for k, v in s["lightxml"].items() if k not in ("cluster", "ensemble")}
+    g = config.rule_payload(s, "gudn_train", w)
+    assert g["backbone"] == {k: v for k, v in s["gudn"]["backbone"].items() if k not in ("cluster", "ensemble")}
+    assert {k: v for k, v in g.items() if k != "backbone"} == {k: v for k, v in s["gudn"].items() if k != "backbone"}
     with pytest.raises(KeyError, match="passes no settings"):
         config.rule_payload(s, "tfidf")
 

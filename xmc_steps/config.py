@@ -390,14 +390,29 @@ def rule_settings(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str
     """The settings ``rule`` depends on (:data:`RULE_SETTINGS`), by dotted key."""
     if rule not in RULE_SETTINGS:
         raise KeyError(f"rule '{rule}' is not in config.RULE_SETTINGS")
-    out = {}
-    for entry in RULE_SETTINGS[rule]:
-        key, leave_out = (entry, ()) if isinstance(entry, str) else entry
-        key = key.format(**(wildcards or {}))
-        v: Any = settings
-        for part in key.split("."):
-            v = v[part]
-        out[key] = {k: x for k, x in v.items() if k not in leave_out} if leave_out else v
+    return dict(_lookup(settings, entry, wildcards) for entry in RULE_SETTINGS[rule])
+
+
+def _lookup(settings: Mapping[str, Any], entry: str | tuple[str, tuple[str, ...]],
+            wildcards: Mapping[str, str] | None) -> tuple[str, Any]:
+    """``(dotted key, value)`` of a table entry: a dotted key, or ``(key, names left out)``."""
+    key, leave_out = (entry, ()) if isinstance(entry, str) else entry
+    key = key.format(**(wildcards or {}))
+    v: Any = settings
+    for part in key.split("."):
+        v = v[part]
+    return key, (_without(v, leave_out) if leave_out else v)
+
+
+def _without(section: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``section`` without the keys ``names`` (dotted: a key of a subsection)."""
+    out = dict(section)
+    for name in names:
+        head, _, rest = name.partition(".")
+        if rest and isinstance(out.get(head), Mapping):
+            out[head] = _without(out[head], (rest,))
+        elif not rest:
+            out.pop(head, None)
     return out
 
 
@@ -408,11 +423,9 @@ def rule_payload(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str,
     if rule not in RULE_PASSES:
         raise KeyError(f"rule '{rule}' passes no settings (config.RULE_PASSES)")
     out: dict[str, Any] = {}
-    passed = [(e if isinstance(e, str) else e[0]).format(**(wildcards or {})) for e in RULE_PASSES[rule]]
-    for key, value in rule_settings(settings, rule, wildcards).items():
-        if key not in passed:
-            continue
-        part = dict(value) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
+    for entry in RULE_PASSES[rule]:
+        key, value = _lookup(settings, entry, wildcards)
+        part = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
         clash = sorted(set(part) & set(out))
         if clash:
             raise ValueError(f"rule '{rule}' passes {', '.join(clash)} twice (config.RULE_PASSES)")

@@ -125,14 +125,19 @@ def PASS(rule, **given):
     """A params function: the settings ``rule`` passes its stage (its spec's ``passes``: each section
     unchanged), the JSON of config.rule_payload; they are part of the rule's hash, ``H(rule)``.  ``given``:
     keys whose value the rule takes from its wildcards, as it takes a path (``encoder=ENC``: the encoder the
-    section's key stands for; ``max_length=MAXLEN``: the token files' width)."""
+    section's key stands for; ``max_length=MAXLEN``: the token files' width); a dotted key sets a key of a
+    passed subsection (``**{"train.seed": ...}``)."""
 
     def f(wildcards):
         out = xcfg.rule_payload(S(wildcards), rule, dict(wildcards.items()))
         for key, value in given.items():
-            if key not in out:
-                raise WorkflowError(f"rule {rule}: '{key}' is no key of the settings it passes")
-            out[key] = value(wildcards)
+            *parents, name = key.split(".")
+            node = out
+            for p in parents:
+                node = node.get(p) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                raise WorkflowError(f"rule {rule}: '{key}' is in no section it passes")
+            node[name] = value(wildcards)
         return json.dumps(out, sort_keys=True)
 
     return f

@@ -11,14 +11,9 @@ wildcard_constraints:
     guides="|".join(re.escape(g) for g in GDS.GUIDES),
 
 
-def gudn_params(w):
-    g = S(w)["gudn"]
-    b = dict(g["backbone"])
-    for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; GUDN trains one model
-        b.pop(k, None)
-    own = {k: v for k, v in g.items() if k != "backbone"}
-    own.update(GDS.GUIDES[w.guides])   # the folder names a guide setting; its values come from the table
-    return json.dumps({**own, "backbone": {**b, "encoder": ENC(w), "max_length": int(w.maxlen)}}, sort_keys=True)
+def GUIDE(key):
+    """The wildcards' guide setting's value of ``key`` (the folder names a row of gudn.spec.GUIDES), else the section's."""
+    return lambda w: GDS.GUIDES[w.guides].get(key, S(w)["gudn"][key])
 
 
 def label_texts_file(w):
@@ -50,7 +45,8 @@ rule gudn_train:
     log:
         "logs/gudn_train/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
     params:
-        settings=gudn_params,
+        settings=PASS("gudn_train", feature_guide=GUIDE("feature_guide"), link_guide=GUIDE("link_guide"),
+                      **{"backbone.encoder": ENC, "backbone.max_length": MAXLEN}),
         hash=H("gudn_train"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         label_texts=label_texts_file,
@@ -80,9 +76,7 @@ rule gudn_predict:
     log:
         "logs/gudn_predict/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "device": S(w)["gudn"]["backbone"]["device"],
-                                       "allow_cpu_fallback": S(w)["gudn"]["backbone"]["allow_cpu_fallback"],
-                                       "amp": S(w)["gudn"]["backbone"]["amp"]}),
+        settings=PASS("gudn_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("gudn_predict"),
         model=folder_of("input", "model"),
     threads: threads_of

