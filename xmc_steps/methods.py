@@ -11,7 +11,7 @@ Snakemake imports every spec when it parses the workflow) and listed once in
 * :mod:`xmc_steps.target_params`: the concepts shared across methods (MLflow's compare view);
 * :mod:`xmc_steps.serving` (``python -m xmc_steps.stages.predict``): the predictor.
 
-Adding a method is its package (model, params, ``spec``), its rule file (``workflow/rules/<name>.smk``,
+Adding a method is its package (model, its parameter tree, ``spec``), its rule file (``workflow/rules/<name>.smk``,
 included by the Snakefile from the registry), its config section and one line in the registry.
 """
 

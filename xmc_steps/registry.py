@@ -6,10 +6,9 @@ Snakefile includes; ``evaluate.smk``: predictions and stage records), :mod:`xmc_
 (settings sections, encoder references), :mod:`xmc_steps.target_params` (shared concepts) and
 :mod:`xmc_steps.serving` (predictors) read this table and list no method themselves.
 
-To add a method: its package (model, ``Params``, ``spec.py`` with ``SPEC``), its stage, its rule file,
-its config section (``config.yaml``, the schema's section and its rules in the schema's ``resources``
-enum, the paper's values in ``config.paper.yaml``) and one line below (docs/architecture.md,
-"Adding a method").
+To add a method: its package (model, its parameter tree, ``spec.py`` with ``SPEC``), its stage, its rule
+file, its config section (``config.yaml``, the paper's values in ``config.paper.yaml``) and one line below;
+the schema's section is generated from the tree (docs/architecture.md, "Adding a method").
 """
 
 from __future__ import annotations
