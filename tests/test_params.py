@@ -124,6 +124,11 @@ def _drift(section: dict, default, where: str) -> list[str]:
         d = getattr(default, key)
         if isinstance(d, Params):
             out += _drift(value or {}, d, here)
+        elif isinstance(d, dict) and d and all(isinstance(v, Params) for v in d.values()):   # named entries
+            if set(d) != set(value or {}):
+                out.append(f"{here}: config.yaml names {sorted(value or {})}, the class {sorted(d)}")
+            for name in set(d) & set(value or {}):
+                out += _drift(value[name], d[name], f"{here}.{name}")
         elif isinstance(d, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isclose(d, float(value), rel_tol=1e-12):
                 out.append(f"{here}: config.yaml {value!r}, class default {d!r}")

@@ -53,8 +53,11 @@ Sampling = Literal["dynamic", "static"]
 ENCODER_KEY = {"$ref": "#/$defs/encoder_key"}
 #: the splits a model fits on (``fit_on``)
 Split = Literal["train", "valid"]
-#: the splits a model fits on: at least one, each once
-FIT_ON = {"minItems": 1, "uniqueItems": True}
+#: the schema of a ``device`` setting
+DEVICE = {"pattern": "^(auto|cpu|cuda(:[0-9]+)?)$"}
+#: a list setting of at least one item, each once (``fit_on``, an ensemble's encoders)
+UNIQUE_LIST = {"minItems": 1, "uniqueItems": True}
+FIT_ON = UNIQUE_LIST
 
 #: the bound keywords of a field's metadata (JSON Schema's, so the schema states them the same way)
 BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
@@ -94,18 +97,21 @@ def check_choice(value: Any, options: Any, what: str) -> None:
 
 def bounded(default: Any = MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
             lt: float | None = None, default_factory: Any = MISSING, schema: Mapping[str, Any] | None = None,
-            setting: bool = True) -> Any:
+            setting: bool = True, null: bool = True) -> Any:
     """A dataclass field whose value (unless ``None``) must be ``>= ge``, ``> gt``, ``<= le``, ``< lt``:
     ``dropout: float = bounded(0.1, ge=0, lt=1)``.  The bounds are the field's metadata under the
     JSON Schema keywords (:data:`BOUNDS`); :meth:`Params.check_fields` checks them.  ``schema``: further
     JSON Schema keywords of the setting (``{"minItems": 1}``; a ``$ref`` replaces the type's schema);
     ``setting=False``: a value the stage is given (``threads``), no key of the config section
-    (:mod:`xmc_steps.schema`)."""
+    (:mod:`xmc_steps.schema`); ``null=False``: an optional field whose key, when the config gives it, holds a
+    value (a variant's changes: left out, the main target's)."""
     meta: dict[str, Any] = {k: v for k, v in zip(BOUNDS, (ge, gt, le, lt)) if v is not None}
     if schema:
         meta["schema"] = dict(schema)
     if not setting:
         meta["setting"] = False
+    if not null:
+        meta["null"] = False
     return field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -177,6 +183,11 @@ def convert(value: Any, typ: Any, what: str) -> Any:
         item = args[0] if args else Any
         out = [convert(v, item, f"{what}[{i}]") for i, v in enumerate(value)]
         return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{what} must be a mapping, got {value!r}")
+        item = typing.get_args(typ)[1] if typing.get_args(typ) else Any
+        return {k: convert(v, item, f"{what}.{k}") for k, v in value.items()}
     if isinstance(typ, type) and issubclass(typ, Params):
         if isinstance(value, typ):
             return value

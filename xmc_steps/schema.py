@@ -104,7 +104,10 @@ def class_schema(cls: type, shared: Mapping[type, str] | None = None) -> dict[st
         if not f.metadata.get("setting", True):
             continue
         extra = dict(f.metadata.get("schema") or {})
-        node = {} if "$ref" in extra else type_schema(hints[f.name], shared)
+        typ = hints[f.name]
+        if not f.metadata.get("null", True):        # X | None: X, when given
+            typ = next(a for a in typing.get_args(typ) if a is not type(None))
+        node = {} if {"$ref", "anyOf"} & set(extra) else type_schema(typ, shared)
         node.update({k: f.metadata[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
                      if k in f.metadata})
         node.update(extra)

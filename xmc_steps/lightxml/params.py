@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..ensemble import Method as EnsembleMethod
 from ..neural import Amp
-from ..params import ENCODER_KEY, Params, Sampling, bounded
+from ..params import DEVICE, ENCODER_KEY, Params, Sampling, bounded
 from ..trainer import TrainParams
 
 #: the training recipe where the configuration says nothing: config.yaml's ``lightxml.train`` (tests/test_params.py
@@ -62,7 +62,7 @@ class LightXMLParams(Params):
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, predict)
     allow_weak: bool = False          # true: a model no better than the frequency prior only warns
     amp: Amp = "auto"                 # training and inference
-    device: str = bounded("auto", schema={"pattern": "^(auto|cpu|cuda(:[0-9]+)?)$"})
+    device: str = bounded("auto", schema=DEVICE)
     allow_cpu_fallback: bool = True   # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     threads: int | None = bounded(None, setting=False)
     topk: int = bounded(100, ge=1, setting=False)  # prediction: labels written per document (evaluate.topk)

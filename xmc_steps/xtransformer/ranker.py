@@ -38,12 +38,12 @@ class XTransformerRankerParams(Params):
     ranker_input: RankerInput = "tfidf+neural"
     neural_weight: float = bounded(1.0, gt=0)
     negatives: NegativeKind = "tfn+man"  # the instances each cluster's rankers train on
-    topb: int = 10                 # clusters taken from each candidate source
-    topk: int = 100
+    topb: int = bounded(10, setting=False)  # clusters taken from each candidate source (xtransformer.matcher.topb)
+    topk: int = bounded(100, setting=False)  # labels written per document (evaluate.topk)
     candidates: Candidates = "union"  # matcher (the paper) | union (matcher top-b + linear tree beam) | linear
     combiner: Combiner = "product"
     transform: Transform = "l3-hinge"
-    threads: int = bounded(1, ge=1)  # clusters trained in parallel (the stage's --threads)
+    threads: int = bounded(1, ge=1, setting=False)  # clusters trained in parallel (the stage's --threads)
     solver: RankerParams = field(default_factory=RankerParams)
 
     _what = "xtransformer ranker parameter"

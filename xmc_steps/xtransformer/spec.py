@@ -183,6 +183,7 @@ SPEC = MethodSpec(
     params=(("xtransformer.matcher", "xmc_steps.xtransformer.params:MatcherParams", ()),
             ("xtransformer.ranker", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ()),
             ("xtransformer.variants.*", "xmc_steps.xtransformer.ranker:XTransformerRankerParams", ())),
+    tree="xmc_steps.xtransformer.params:XTransformerSection",
     rule_settings={
         "xtransformer_linear_train": TREE_SETTINGS,
         "xtransformer_linear_clusters": TREE_SETTINGS + ["xr_linear", "xtransformer.matcher.topb",
