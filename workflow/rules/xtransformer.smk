@@ -29,12 +29,6 @@ def xt_tokens(split_list, maxlen_key="matcher"):
     return f
 
 
-def matcher_params(w):
-    s = S(w)
-    p = dict(s["xtransformer"]["matcher"], encoder=ENC(w))
-    return json.dumps(p, sort_keys=True)
-
-
 rule xtransformer_linear_train:
     """XR-Linear (the xr_linear settings) over the matcher's cluster tree, fit on `fit`."""
     input:
@@ -116,7 +110,7 @@ rule matcher:
     log:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
-        settings=matcher_params,
+        settings=PASS("matcher", encoder=ENC),
         hash=H("matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=R(XTS.XT_MATCHER),
@@ -131,20 +125,6 @@ rule matcher:
         "{PY:q} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --cluster-assign {input.tree:q} --linear-clusters {input.linear:q} --out {params.out:q} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
-
-
-def xt_ranker_params(w, predict=False):
-    s = S(w)
-    xt = s["xtransformer"]
-    p = {k: v for k, v in xt["ranker"].items()}
-    p.update(ranker_input=w.rin, negatives=w.neg, candidates=w.cand, topb=xt["matcher"]["topb"],
-             topk=s["evaluate"]["topk"])
-    if predict:
-        p.update(combiner=w.comb)
-        p = {k: p[k] for k in ("topb", "topk", "candidates") + XTS.PREDICT_ONLY}
-    else:  # prediction's alone: changing them keeps the trained rankers
-        p = {k: v for k, v in p.items() if k not in XTS.PREDICT_ONLY}
-    return json.dumps(p, sort_keys=True)
 
 
 def xt_fit(kind):
@@ -178,7 +158,8 @@ rule xtransformer_ranker:
     log:
         "logs/xtransformer_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
     params:
-        settings=xt_ranker_params,
+        settings=PASS("xtransformer_ranker", ranker_input=lambda w: w.rin, negatives=lambda w: w.neg,
+                      candidates=lambda w: w.cand),
         hash=H("xtransformer_ranker"),
         emb=lambda w, input: ["--emb", *input.emb] if w.rin == "tfidf+neural" else [],
     threads: threads_of
@@ -208,7 +189,7 @@ rule xtransformer_predict:
     log:
         "logs/xtransformer_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
     params:
-        settings=lambda w: xt_ranker_params(w, predict=True),
+        settings=PASS("xtransformer_predict", candidates=lambda w: w.cand, combiner=lambda w: w.comb),
         hash=H("xtransformer_predict"),
     threads: 1
     resources:
@@ -243,8 +224,8 @@ rule xtransformer_select:
     log:
         "logs/xtransformer_select/{dataset}.log",
     params:
-        settings=lambda w: xt_ranker_params(SimpleNamespace(dataset=w.dataset, rin=xt_select_member(w).ranker_input,
-                                                            neg=xt_select_member(w).negatives, cand="union")),
+        settings=PASS("xtransformer_select", ranker_input=lambda w: xt_select_member(w).ranker_input,
+                      negatives=lambda w: xt_select_member(w).negatives, candidates=lambda w: "union"),
         hash=H("xtransformer_select"),
     threads: threads_of
     resources:

@@ -165,6 +165,8 @@ def applied(settings: Mapping[str, Any], variant: str | None) -> dict[str, Any]:
 #: the keys of ``xtransformer.ranker`` that only prediction reads (Eq. 2's combiner and its
 #: transform): the rankers' training leaves them out, so a new combiner reruns prediction alone
 PREDICT_ONLY = ("combiner", "transform")
+#: the ranker settings training alone reads (prediction takes the trained rankers' own)
+TRAIN_ONLY = ("ranker_input", "negatives", "neural_weight", "solver")
 _XT = TREE_SETTINGS + ["xr_linear", "encoders.{enc}", "xtransformer.matcher", "xtransformer.fit_on"]
 
 
@@ -193,6 +195,12 @@ SPEC = MethodSpec(
         "xtransformer_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
         "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer", "evaluate.topk"],
         "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer", "evaluate.topk"]},
-    passes={"xtransformer_linear_train": ["xr_linear"]},
+    passes={"xtransformer_linear_train": ["xr_linear"],
+            "matcher": ["xtransformer.matcher"],
+            # the member's ranker input, negatives and candidates are its path's (given by the rule)
+            "xtransformer_ranker": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb"],
+            "xtransformer_predict": [("xtransformer.ranker", TRAIN_ONLY), "xtransformer.matcher.topb", "evaluate.topk"],
+            "xtransformer_select": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb",
+                                    "evaluate.topk"]},
     patterns={"XT_TREE": XT_TREE, "XT_LINEAR": XT_LINEAR, "XT": XT, "XT_MATCHER": XT_MATCHER, "XT_RANKER": XT_RANKER,
               "XT_PREDICT": XT_PREDICT, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})
