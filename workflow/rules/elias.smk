@@ -147,11 +147,6 @@ rule elias_predict:
         "--method elias --threads {threads} " + STAGE_ARGS
 
 
-def plus_params(w):
-    s = S(w)
-    return json.dumps(dict(s["elias"]["plus"], topk=s["evaluate"]["topk"]), sort_keys=True)
-
-
 rule elias_plus_ranker:
     """ELIAS++ sparse ranker on [embedding ⊕ TF-IDF] over each training point's top-n_candidates."""
     input:
@@ -165,7 +160,7 @@ rule elias_plus_ranker:
     log:
         "logs/elias_plus_ranker/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
-        settings=plus_params,
+        settings=PASS("elias_plus_ranker"),
         hash=H("elias_plus_ranker"),
     threads: threads_of
     resources:
@@ -192,7 +187,7 @@ rule elias_plus_calibrate:
     log:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
-        settings=plus_params,
+        settings=PASS("elias_plus_calibrate"),
         hash=H("elias_plus_calibrate"),
     threads: 1
     resources:
@@ -221,7 +216,7 @@ rule elias_plus_predict:
     log:
         "logs/elias_plus_predict/{dataset}-{tree}-{enc}-{maxlen}-{cal}.log",
     params:
-        settings=lambda w: json.dumps({"topk": S(w)["evaluate"]["topk"], "uncalibrated": S(w)["elias"]["plus"]["uncalibrated"]}),
+        settings=PASS("elias_plus_predict"),
         hash=H("elias_plus_predict"),
         cal=lambda w, input: ["--calibration", input.calibration[0]] if input.calibration else [],
     threads: 1

@@ -128,6 +128,8 @@ SPEC = MethodSpec(
     trees=trees,
     params=(("elias", "xmc_steps.elias.params:EliasParams", ("index", "predict", "stage1", "stage2")),
             ("elias.plus", "xmc_steps.elias_plus:EliasPlusParams", ())),
+    passes={rule: ["elias.plus", "evaluate.topk"] for rule in ("elias_plus_ranker", "elias_plus_calibrate",
+                                                                "elias_plus_predict")},
     rule_settings={
         "elias_stage1": _STAGES,
         "elias_stage2": _STAGES + ["elias.stage2"],
