@@ -43,7 +43,7 @@ def test_each_tree_s_section_is_generated_from_its_fields_and_base_states_none()
         settings = [f.name for f in cls.__dataclass_fields__.values() if f.metadata.get("setting", True)]
         assert list(node["properties"]) == settings, section
     xr = built["xr_linear"]["properties"]
-    assert xr["beam"] == {"description": "beam width of the tree search (MAN negatives and prediction)",
+    assert xr["beam"] == {"description": "beam of the model's own predictions used as MAN negatives",
                           "type": "integer", "minimum": 1}
     assert xr["fit_on"]["items"] == {"enum": ["train", "valid"]} and xr["fit_on"]["minItems"] == 1
     assert xr["solver"] == {"$ref": "#/$defs/solver"} and "threads" not in xr

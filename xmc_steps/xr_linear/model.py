@@ -57,7 +57,7 @@ class XRLinearParams(Params):
     and the rankers' solver (:class:`RankerParams`, the ``xr_linear.solver`` section)."""
 
     negatives: NegativeKind = "tfn+man"  # tfn | man | tfn+man: the instances each cluster's rankers train on (X-Transformer §3.4)
-    beam: int = bounded(10, ge=1)  # beam width of the tree search (MAN negatives and prediction)
+    beam: int = bounded(10, ge=1)  # beam of the model's own predictions used as MAN negatives
     topk: int = bounded(100, ge=1)  # predictions kept per document
     transform: Transform = "l3-hinge"  # score transform along the tree (MAN and prediction)
     fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the splits the model
