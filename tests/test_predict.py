@@ -193,6 +193,33 @@ def test_few_texts_get_the_tfidf_bytes_of_the_dag_transform(params):
     assert xp.FEW_TEXTS >= 1
 
 
+@pytest.mark.parametrize("dense_above", [0.0, None])
+def test_parabel_dense_weights_give_the_scores_of_the_sparse_model(tmp_path, monkeypatch, dense_above):
+    """parabel.load holds the densest weight vectors dense (omikuji's densify_weights): every label and
+    score bit as omikuji's model as saved, with every vector dense (0.0) and at the default threshold."""
+    import omikuji
+    import scipy.sparse as sp
+
+    from xmc_steps.parabel import model as pm
+
+    rng = np.random.default_rng(1)
+    X = sp.random(240, 300, density=0.05, format="csr", dtype=np.float32, random_state=rng)
+    X.data[:] = rng.random(X.nnz, dtype=np.float32) + 0.1
+    Y = sp.csr_matrix((rng.random((240, 40)) < 0.08).astype(np.float32))
+    pm.train(X, Y, {"min_branch_size": 5}, tmp_path, threads=1).save(str(tmp_path / "omikuji"))
+    if dense_above is not None:
+        monkeypatch.setattr(pm, "DENSE_ABOVE", dense_above)
+    sparse = omikuji.Model.load(str(tmp_path / "omikuji"))
+    dense = pm.load(tmp_path / "omikuji", threads=1)
+    for i in range(X.shape[0]):
+        feats = list(zip(X.indices[X.indptr[i]:X.indptr[i + 1]].tolist(), X.data[X.indptr[i]:X.indptr[i + 1]].tolist()))
+        want = sparse.predict(feats, beam_size=4, top_k=40)
+        got = dense.predict(feats, beam_size=4, top_k=40)
+        assert sorted(got) == sorted(want), i      # labels and float32 scores, exactly
+    a, b = pm.predict(sparse, X, 40, 4, 40), pm.predict(dense, X, 40, 4, 40)
+    assert (a != b).nnz == 0
+
+
 def _predict_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "xmc_steps.stages.predict", *args], cwd=ROOT, capture_output=True,
                           text=True, input=stdin, timeout=1200)

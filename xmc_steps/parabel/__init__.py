@@ -11,6 +11,7 @@ _EXPORTS = {
     "write_xmc_file": ".model",
     "train": ".model",
     "predict": ".model",
+    "load": ".model",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

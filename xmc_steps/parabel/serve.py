@@ -9,19 +9,12 @@ import scipy.sparse as sp
 
 from ..layout import at
 from ..serving import Features, Target, cached
-from .model import predict
+from .model import load, predict
 from .spec import PARABEL
 
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
     folder = Path(at(t.res, PARABEL, dataset=t.dataset)) / "model"
     t.need(folder / "omikuji")
-
-    def load():
-        import omikuji
-
-        m = omikuji.Model.load(str(folder / "omikuji"))
-        m.init_prediction_thread_pool(int(t.settings.get("threads", 2)))
-        return m
-    model = cached(("parabel", str(folder)), load)
+    model = cached(("parabel", str(folder)), lambda: load(folder / "omikuji", int(t.settings.get("threads", 2))))
     return predict(model, f.tfidf, topk, int(t.settings["parabel"]["beam"]), t.n_labels)

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from .. import io
 from ..errors import StageError
-from ..parabel import ParabelParams, predict, train
+from ..parabel import ParabelParams, load, predict, train
 from ..stage import add_common_args, cli_main, stage_run
 
 
@@ -62,12 +62,9 @@ def main(argv: list[str] | None = None) -> None:
             st.extra["model_paths"] = [str(out)]
             st.metric("train_s", st.timings["train"])
     else:
-        import omikuji
-
         with stage_run("parabel-predict", args, outputs=[args.out]) as st:
             params = _params(st)
-            model = omikuji.Model.load(str(Path(args.model) / "omikuji"))
-            model.init_prediction_thread_pool(params.threads)
+            model = load(Path(args.model) / "omikuji", params.threads)
             X = io.load_csr(args.features)
             t0 = time.perf_counter()
             n_labels = io.read_table(args.label_table, ["label_id"]).num_rows
