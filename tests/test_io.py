@@ -17,6 +17,26 @@ def _per_row_topk(M, k):
     return out
 
 
+def test_read_table_gives_the_columns_asked_in_their_order_and_names_a_missing_one(tmp_path):
+    io.write_table(tmp_path / "t.parquet", {"a": np.arange(3), "b": ["x", "y", "z"], "c": np.ones(3)})
+    assert io.read_table(tmp_path / "t.parquet").column_names == ["a", "b", "c"]
+    t = io.read_table(tmp_path / "t.parquet", ["c", "a"])
+    assert t.column_names == ["c", "a"] and t.column("a").to_pylist() == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"t\.parquet: no column d \(it has a, b, c\)"):
+        io.read_table(tmp_path / "t.parquet", ["a", "d"])
+
+
+def test_numeric_column_is_to_numpys_array():
+    t = pa.table({"f": pa.chunked_array([pa.array([1.5, 2.5], pa.float32()), pa.array([3.5], pa.float32())]),
+                  "d": np.array([0.1, 0.2], np.float64)[[0, 1, 1]], "i": np.array([1, -2, 3], np.int64),
+                  "u": pa.array([1, 2, 3], pa.uint16()), "n": pa.array([1.0, None, 2.0]), "s": ["a", "b", "c"]})
+    for name in t.column_names:
+        got, want = io.numeric_column(t, name), t.column(name).to_numpy()
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=name == "n"), name
+    sliced = t.slice(1, 2)
+    assert np.array_equal(io.numeric_column(sliced, "i"), [-2, 3]) and io.numeric_column(t.slice(0, 0), "f").shape == (0,)
+
+
 def test_prediction_table_round_trip_without_per_row_objects(tmp_path):
     rng = np.random.default_rng(0)
     M = sp.random(60, 40, density=0.3, format="lil", random_state=rng, dtype=np.float32)

@@ -86,6 +86,17 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
     assert [x["line"] for x in rows] == [1, 2] and all(len(x["labels"]) == 2 for x in rows)
     assert rows[0]["labels"][0]["label"] == "a" and rows[1]["labels"][0]["label"] == "h"
     assert rows[0]["labels"][0]["score"] >= rows[0]["labels"][1]["score"] and "name" in rows[0]["labels"][0]
+    # a linear target answers without torch, transformers, faiss, scikit-learn, MLflow or pandas (issue 55: the
+    # command's start-up was most of its 2.9-4.6 s for one text; what is imported, not a timing)
+    for method in ("xr-linear", "parabel"):
+        code = ("import sys, runpy\n"
+                f"sys.argv = ['x', '--model', {str(toy_linear_run / 'results/toy' / method)!r}, '--input', {str(src)!r}]\n"
+                "try:\n    runpy.run_module('xmc_steps.stages.predict', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+                "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'sklearn', 'mlflow', 'pandas') "
+                "if m in sys.modules), file=sys.stderr)")
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0 and r.stdout.count('"line"') == 2, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == "[]", (method, r.stderr[-1000:])
     # bad input: a clear error naming the line; nothing written
     src.write_bytes(b"aw1\n\xff\xfe\n")
     out.unlink()
@@ -191,6 +202,24 @@ def test_few_texts_get_the_tfidf_bytes_of_the_dag_transform(params):
         got, want = model.transform_few([t]), ref[i]
         assert np.array_equal(got.indices, want.indices) and np.array_equal(got.data.view(np.int32), want.data.view(np.int32))
     assert xp.FEW_TEXTS >= 1
+
+
+@pytest.mark.parametrize("params", [{}, {"ngram_range": [1, 1]}, {"ngram_range": [1, 3], "lowercase": False},
+                                    {"ngram_range": [2, 3]}, {"ngram_range": [3, 3], "lowercase": True}])
+def test_the_few_texts_analyzer_lists_scikit_learns_ngrams(params):
+    """tfidf.word_analyzer (the predict command's and a service's, without scikit-learn) against the
+    vectorizer's own analyzer: the same n-grams in the same order, on texts with upper case that lower-cases
+    to more characters, accents, digits, underscores, one-letter words, punctuation and no words at all."""
+    from xmc_steps.tfidf import make_vectorizer, word_analyzer
+
+    rng = np.random.default_rng(2)
+    pieces = ["vim", "Vim-airline", "İstanbul", "ÅSA", "straße", "x", "a b", "3d", "_x_", "co-op's", "日本語",
+              "ÉCOLE", "don't", "\t", "\n", "  ", ":", "..", "e-mail@x.org", "ǅ", "Σίσυφος", "ﬁle"]
+    texts = ["", " ", "one", "a", "Two words", "A B C D"] + [
+        "".join(rng.choice(pieces, int(rng.integers(1, 30))) + " ") for _ in range(200)]
+    ours, theirs = word_analyzer(params), make_vectorizer(params).build_analyzer()
+    for t in texts:
+        assert ours(t) == theirs(t), t
 
 
 @pytest.mark.parametrize("dense_above", [0.0, None])

@@ -34,10 +34,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.preprocessing import normalize
 
 from .columns import occurring_columns
-from .liblinear_direct import fit_ranker
 from .params import Params, bounded
 from .errors import StageError
 
@@ -199,6 +197,8 @@ def train_rankers(
     groups = _groups(col, K)
     todo = [k for k in range(K) if len(groups[k])]
 
+    from .liblinear_direct import fit_ranker
+
     fit = fit_ranker if direct else _fit_one
 
     def run(k: int):
@@ -282,6 +282,8 @@ def train_rankers(
 
 def ranker_features(X_tfidf: sp.spmatrix, emb: np.ndarray | None, ranker_input: str, neural_weight: float = 1.0) -> sp.csr_matrix:
     """``phi_tfidf ⊕ phi_neural`` (each block L2-normalised) or ``phi_tfidf`` alone."""
+    from sklearn.preprocessing import normalize
+
     X = normalize(sp.csr_matrix(X_tfidf, dtype=np.float32))
     if ranker_input == "tfidf":
         return X

@@ -172,7 +172,7 @@ def _tfidf_model(res: str, dataset: str, params_json: str):
             raise PredictError(f"incomplete model folder: {path} (the fitted TF-IDF) is missing")
         t = io.read_table(path, ["term", "idf"])
         return TfidfModel(terms=np.asarray(t.column("term").to_pylist(), dtype=object),
-                          idf=np.asarray(t.column("idf").to_numpy(), dtype=np.float64),
+                          idf=io.numeric_column(t, "idf").astype(np.float64),
                           params=json.loads(params_json), n_docs=0)
     return cached(("tfidf", res, dataset, params_json), make)
 

@@ -33,11 +33,12 @@ Outputs of the stage in ``--out``: ``X_{train,valid,test}.npz`` (CSR float32, so
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,6 +53,11 @@ SPILL = "tfidf-spill"
 PARTITION_BYTES = 64 << 20    # text per spill partition: bounds one partition's distinct n-grams
 
 
+#: the tokens: runs of two or more word characters (scikit-learn's default pattern, stated here so that
+#: :func:`word_analyzer` and the vectorizer read the same one)
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+
+
 def make_vectorizer(params: dict[str, Any], vocabulary=None):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -62,10 +68,33 @@ def make_vectorizer(params: dict[str, Any], vocabulary=None):
         max_features=params.get("max_features"),
         sublinear_tf=bool(params.get("sublinear_tf", True)),
         lowercase=bool(params.get("lowercase", True)),
+        token_pattern=TOKEN_PATTERN,
         norm="l2",
         dtype=np.float32,
         vocabulary=vocabulary,
     )
+
+
+def word_analyzer(params: dict[str, Any]) -> Callable[[str], list[str]]:
+    """The n-grams of one text as ``make_vectorizer(params).build_analyzer()`` lists them, without
+    importing scikit-learn (about 0.6 s of the predict command's start): the text lower-cased (unless
+    ``lowercase`` is off), its :data:`TOKEN_PATTERN` tokens, then the word n-grams of ``ngram_range`` in
+    scikit-learn's order (the tokens themselves when 1 is in the range, then every 2-gram, 3-gram, ...
+    in text order, joined by one space).  ``tests/test_predict.py`` compares the two."""
+    lo, hi = (int(x) for x in params.get("ngram_range", [1, 2]))
+    lower = bool(params.get("lowercase", True))
+    findall = re.compile(TOKEN_PATTERN).findall
+
+    def analyze(doc: str) -> list[str]:
+        words = findall(doc.lower() if lower else doc)
+        if hi == 1:
+            return words
+        grams = list(words) if lo == 1 else []
+        join = " ".join
+        for n in range(max(lo, 2), min(hi, len(words)) + 1):
+            grams.extend(join(words[i:i + n]) for i in range(len(words) - n + 1))
+        return grams
+    return analyze
 
 
 class _Spill:
@@ -131,9 +160,9 @@ class TfidfModel:
 
     @cached_property
     def _counting(self):
-        """(analyzer, vocabulary dict) of :attr:`vectorizer`, for :meth:`transform_few`."""
-        vec = self.vectorizer
-        return vec.build_analyzer(), vec.vocabulary_
+        """(analyzer, vocabulary dict) for :meth:`transform_few`: those of :attr:`vectorizer`, without
+        building it (no scikit-learn import)."""
+        return word_analyzer(self.params), {t: i for i, t in enumerate(self.terms)}
 
     def transform_few(self, texts: list[str]) -> sp.csr_matrix:
         """:meth:`transform_batches` of ``[texts]`` (the same bytes) without scikit-learn's per-call
@@ -141,10 +170,9 @@ class TfidfModel:
         those checks cost more than the counting (about 3 of 4 ms for one yso-finna-sv-50k text).
         The same steps as ``TfidfVectorizer.transform``: n-gram counts on the vocabulary, ``1 + log``
         of them (sublinear tf), times the idf (in float64, stored as float32), each row divided by its
-        L2 norm (squares summed in float64 in column order; rows with no term left as they are)."""
-        vec = self.vectorizer
-        if vec.binary or vec.norm not in ("l2", None) or not vec.use_idf:
-            return self.transform_batches([texts])          # settings this path does not mirror
+        L2 norm (squares summed in float64 in column order; rows with no term left as they are): the
+        settings :func:`make_vectorizer` gives every vectorizer (counts, not binary; idf; L2 norm), and
+        scikit-learn is not imported."""
         analyze, vocab = self._counting
         indptr, idx, cnt = [0], [], []
         for doc in texts:
@@ -159,17 +187,16 @@ class TfidfModel:
             indptr.append(len(idx))
         indices = np.asarray(idx, dtype=np.int32)
         data = np.asarray(cnt, dtype=np.intc).astype(np.float32)
-        if vec.sublinear_tf:
+        if bool(self.params.get("sublinear_tf", True)):
             np.log(data, data)
             data += 1.0
         data *= self.idf[indices]
-        if vec.norm == "l2":
-            for a, b in zip(indptr[:-1], indptr[1:]):
-                if b > a:
-                    row = data[a:b]
-                    total = float(np.cumsum(row * row, dtype=np.float64)[-1])   # in order, as scikit-learn
-                    if total != 0.0:
-                        data[a:b] = (row.astype(np.float64) / math.sqrt(total)).astype(np.float32)
+        for a, b in zip(indptr[:-1], indptr[1:]):
+            if b > a:
+                row = data[a:b]
+                total = float(np.cumsum(row * row, dtype=np.float64)[-1])   # in order, as scikit-learn
+                if total != 0.0:
+                    data[a:b] = (row.astype(np.float64) / math.sqrt(total)).astype(np.float32)
         return sp.csr_matrix((data, indices, np.asarray(indptr, dtype=np.int32)), shape=(len(texts), len(self.terms)))
 
     def transform_batches(self, batches: Iterable[list[str]]) -> sp.csr_matrix:
