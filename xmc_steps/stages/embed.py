@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import io, neural
-from ..devices import require_device
 from ..stage import add_common_args, cli_main, stage_run
+
+# torch and transformers load inside the command, so that --help answers at once
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", required=True)
     add_common_args(ap)
     args = ap.parse_args(argv)
+    from .. import io, neural
+    from ..devices import require_device
+
     out = Path(args.out_dir)
     names = [Path(t).name.replace("tokens_", "emb_") for t in args.tokens]
     with stage_run("embed", args, outputs=[str(out / n) for n in names]) as st:

@@ -18,22 +18,28 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
-from .. import encoders, io, neural
+from .. import io
 from ..errors import StageError
-from ..gudn.labels import label_tokens
-from ..gudn.loss import GuideNetwork
-from ..gudn.params import GUDNParams
 from ..layout import RECORD
-from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
-from ..neural_stage import stage_params
 from ..stage import add_neural_training_args, add_common_args, cli_main, stage_run
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
+
+    from .. import neural
+    from ..gudn.params import GUDNParams
+
+# torch and transformers load inside the command, so that --help answers at once
 
 
 def _parse_params(st) -> GUDNParams:
+    from ..gudn.params import GUDNParams
+    from ..neural_stage import stage_params
+
     # the scheduler's threads (--threads, a top-level parameter of every stage) drive the backbone's network
     if "threads" in st.params:
         threads = st.params.pop("threads")
@@ -44,6 +50,8 @@ def _parse_params(st) -> GUDNParams:
 def _cap_layers(st, backbone) -> None:
     """The paper's 10 layers, or every layer of an encoder that has fewer (MiniLM has 6)."""
     from transformers import AutoConfig
+
+    from .. import encoders
 
     try:
         n = getattr(AutoConfig.from_pretrained(str(encoders.resolve(backbone.encoder))), "num_hidden_layers", None)
@@ -58,6 +66,8 @@ def _cap_layers(st, backbone) -> None:
 def _label_tokens(st, args: argparse.Namespace, params: GUDNParams, Y_train: sp.spmatrix) -> neural.TokenData:
     """The training texts' label sequences, tokenized; a dataset without label texts is a StageError
     naming ``--label-texts-file``."""
+    from ..gudn.labels import label_tokens
+
     try:
         report = io.read_json(args.ingest_record).get("extra", {}).get("report", {})
     except (OSError, ValueError) as e:
@@ -82,6 +92,9 @@ def _label_tokens(st, args: argparse.Namespace, params: GUDNParams, Y_train: sp.
 
 
 def _train_main(args: argparse.Namespace) -> None:
+    from ..gudn.loss import GuideNetwork
+    from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
+
     out = Path(args.out)
     with stage_run("gudn_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = _parse_params(st)

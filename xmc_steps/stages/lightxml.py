@@ -23,20 +23,27 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import StageError
-from ..lightxml.params import LightXMLParams
-from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
-from ..lightxml.serve import PredictParams, load, predict
-from ..neural_stage import prediction_inputs, stage_params
 from ..stage import add_neural_predict_args, add_neural_training_args, add_common_args, cli_main, stage_run
+
+if TYPE_CHECKING:
+    from ..lightxml.params import LightXMLParams
+
+# torch and transformers load inside the commands, so that --help answers at once
 
 
 def _parse_params(st, args: argparse.Namespace, rule: str) -> LightXMLParams:
+    from ..lightxml.params import LightXMLParams
+    from ..neural_stage import stage_params
+
     return stage_params(st, LightXMLParams, rule, "lightxml")
 
 
 def _train_main(args: argparse.Namespace) -> None:
+    from ..lightxml.run import OUTPUTS, fit_params, load_training_data, run_training
+
     out = Path(args.out)
     with stage_run("lightxml_train", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = _parse_params(st, args, "lightxml_train")
@@ -50,6 +57,9 @@ def _train_main(args: argparse.Namespace) -> None:
 
 
 def _predict_main(args: argparse.Namespace) -> None:
+    from ..lightxml.serve import PredictParams, load, predict
+    from ..neural_stage import prediction_inputs
+
     with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
         overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _parse_params(st, args, "lightxml_predict")

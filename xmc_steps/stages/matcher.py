@@ -47,10 +47,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..neural_stage import stage_params, train_split_only
 from ..stage import add_common_args, cli_main, stage_run
-from ..xtransformer.params import MatcherParams
-from ..xtransformer.run import OUTPUTS, TrainingFiles, run_training
+
+# torch and transformers load inside the command, so that --help answers at once
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.linear_clusters and args.baseline_clusters:
         p.error("give --linear-clusters or --baseline-clusters, not both")
+    from ..neural_stage import stage_params, train_split_only
+    from ..xtransformer.params import MatcherParams
+    from ..xtransformer.run import OUTPUTS, TrainingFiles, run_training
+
     out = Path(args.out)
     with stage_run("matcher", args, outputs=[str(out / n) for n in OUTPUTS]) as st:
         params = stage_params(st, MatcherParams, "matcher", "xtransformer.matcher")

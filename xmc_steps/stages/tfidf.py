@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.preprocessing import normalize
 
 from .. import io, tfidf
 from ..layout import DATASET_FEATURES
@@ -48,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         if source == "dataset" or layout == "bow":
             st.log.info("the dataset's own features (%s), rows L2-normalised",
                         "tfidf.source: dataset" if source == "dataset" else "a BoW dataset has no texts")
+            from sklearn.preprocessing import normalize
+
             mats = {s: normalize(io.load_csr(own[s]).astype(np.float32)) for s in tfidf.SPLITS}
             d = mats["train"].shape[1]
             io.write_table(out / "vocab.parquet", {"term": [str(i) for i in range(d)], "idf": np.ones(d, np.float32)})
