@@ -115,7 +115,91 @@ def case_dual(encoder: str, ckpt: str | None):
     return model
 
 
-CASES = {"generic": case_generic, "matcher": case_matcher, "dual": case_dual}
+def _elias(encoder: str, ckpt: str | None, stage: int):
+    """ELIAS over 8 labels in 4 clusters, batch 8 over 20 documents: stage 1 (A fixed by the clusters, W_L's
+    decay on the rows the global batch's shortlists touched, its first step frozen) or stage 2 (A learnt)."""
+    import scipy.sparse as sp
+
+    from xmc_steps import elias
+    from xmc_steps.trainer import TrainParams
+
+    tokens, cls = _toy(20, k=4)
+    rng = np.random.default_rng(4)
+    L = 8
+    rows, cols = [], []
+    for i in range(20):
+        labs = np.unique([2 * cls[i], rng.integers(0, L)])
+        rows += [i] * len(labs)
+        cols += list(labs)
+    Y = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(20, L))
+    train = TrainParams(steps=STEPS, batch_size=8, warmup_steps=1, checkpoint_every=0, log_every=1, lr=None)
+    p = elias.EliasParams(encoder=encoder, train=train, wl_delay_steps=1 if stage == 1 else 0, eval_every=2,
+                          device="cpu", amp="off", swa_epochs=0.5).resolved(stage, 20, L, 4)
+    index, value = elias.adjacency_from_assignment(np.repeat(np.arange(4), 2), 4)
+    m = elias.build_model(p, 4, L, index.shape[1] if stage == 1 else L, fixed_edges=stage == 1)
+    if stage == 1:
+        m.set_adjacency(index, value)
+    else:
+        full = np.tile(np.arange(L), (4, 1))
+        m.set_adjacency(full, np.where(full // 2 == np.arange(4)[:, None], 1.0, 0.1).astype(np.float32))
+    valid = (_toy(6, k=4, seed=2)[0], Y[:6])
+    elias.train_elias(m, tokens, Y, p, ckpt, valid=valid)
+    return m
+
+
+def case_elias1(encoder: str, ckpt: str | None):
+    return _elias(encoder, ckpt, 1)
+
+
+def case_elias2(encoder: str, ckpt: str | None):
+    return _elias(encoder, ckpt, 2)
+
+
+def _lightxml(encoder: str, ckpt: str | None, guided: bool):
+    """LightXML over 8 labels in 4 clusters (dynamic negatives: L_d over each text's candidates, a mean over the
+    global batch's real candidates), the least-squares start, batch 8 over 20 texts with validation points;
+    ``guided``: GUDN's guide (feature loss mean, fixed weight, link guide) on label sequences."""
+    import scipy.sparse as sp
+
+    from xmc_steps import lightxml
+    from xmc_steps.lightxml.train import train_lightxml
+    from xmc_steps.trainer import TrainParams
+
+    tokens, cls = _toy(20, k=4)
+    rng = np.random.default_rng(6)
+    rows, cols = [], []
+    for i in range(20):
+        labs = np.unique([2 * cls[i], rng.integers(0, 8), rng.integers(0, 8)])
+        rows += [i] * len(labs)
+        cols += list(labs)
+    Y = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(20, 8))
+    params = lightxml.LightXMLParams(encoder=encoder, last_k=2, topb=2, hidden=8, eval_every=2, device="cpu",
+                                     amp="off", dropout=0.0, swa_start=0.5, head_init="linear",
+                                     train=TrainParams(steps=STEPS, batch_size=8, lr=1e-3, warmup_steps=1,
+                                                       checkpoint_every=0, log_every=1)).resolved(20)
+    model = lightxml.build_model(params, 8, np.arange(8) // 2, 4)
+    guide = None
+    if guided:
+        from xmc_steps import gudn
+
+        seq, seq_len, _ = __import__("tiny_encoder").toy_tokens(20, 8, 4, seed=7)
+        guide = gudn.GuideNetwork(gudn.GUDNParams(feature_loss="mean", feature_weight="fixed"),
+                                  __import__("xmc_steps.neural", fromlist=["TokenData"]).TokenData(seq, seq_len))
+    valid = (_toy(6, k=4, seed=2)[0], Y[:6])
+    train_lightxml(model, tokens, Y, params, ckpt, valid=valid, guide=guide)
+    return model
+
+
+def case_lightxml(encoder: str, ckpt: str | None):
+    return _lightxml(encoder, ckpt, False)
+
+
+def case_gudn(encoder: str, ckpt: str | None):
+    return _lightxml(encoder, ckpt, True)
+
+
+CASES = {"generic": case_generic, "matcher": case_matcher, "dual": case_dual, "elias1": case_elias1,
+         "elias2": case_elias2, "lightxml": case_lightxml, "gudn": case_gudn}
 
 
 def run(case: str, encoder: str, out: str | None = None, ckpt: str | None = None) -> dict[str, np.ndarray]:

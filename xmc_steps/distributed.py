@@ -236,6 +236,15 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def all_reduce_any(mask: torch.Tensor) -> torch.Tensor:
+    """The element-wise OR of a boolean ``mask`` over the ranks (``mask`` itself with one process)."""
+    if not active():
+        return mask
+    m = mask.to(torch.uint8)
+    torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
+    return m.bool()
+
+
 def gather_rows(t: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``t`` (same trailing shape, any number of rows), by rank, with gradients: the backward pass
     sends each rank's rows the sum of the gradients all ranks' losses put on them

@@ -668,6 +668,8 @@ class Trainer:
         self._last_ckpt_step = -1
         # with several processes: the real examples of this rank's part of the current micro-batch (0: a stand-in)
         self.rank_examples = 0
+        # ... and its share of it, n_real * world / n (distributed.loss_weight): a "global" loss's weight
+        self.batch_share = 1.0
         # micro-batches built ahead in a background thread (0: none); None: 2 on CUDA, none on a CPU
         self.prefetch = max(0, int(prefetch)) if prefetch is not None else (2 if self.device.type == "cuda" else 0)
         self.profiler: StepProfiler | None = _next_profiler
@@ -956,8 +958,8 @@ class Trainer:
                         # the gradients are averaged over the ranks in the last micro-batch's backward pass
                         n_real = distributed.shard(idx, self.rank, self.world)[1]
                         self.rank_examples = n_real
-                        w = (distributed.loss_weight(n_real, len(idx), self.world) if loss_scope == "mean"
-                             else float(n_real > 0))
+                        self.batch_share = distributed.loss_weight(n_real, len(idx), self.world)
+                        w = self.batch_share if loss_scope == "mean" else float(n_real > 0)
                         sync = micro == p.grad_accum - 1
                         with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
                             with autocast_context(self.device, self.amp):

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from .. import neural
+from .. import distributed, neural
 from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
@@ -172,12 +172,15 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
 
     def step_end(step: int) -> dict[str, float] | None:
         if touched and (wl_acc is None or wl_acc.is_update_step(step)):
-            decay_touched_rows(model.wl, touched.pop("mask")[: model.n_labels], trainer, tp.weight_decay)
+            # the rows the global batch touched: every rank's shortlists (one all-reduce of L + 1 bytes)
+            rows = distributed.all_reduce_any(touched.pop("mask")) if trainer.world > 1 else touched.pop("mask")
+            decay_touched_rows(model.wl, rows[: model.n_labels], trainer, tp.weight_decay)
         if step == params.wl_delay_steps:
             _set_wl_trainable(model, True)
         if swa is not None and step > swa_start:
             swa.update(model)
-        if vt is None or (step % params.eval_every and step != tp.steps):
+        # with several processes rank 0 alone evaluates, on the whole subset (the others wait at the next step)
+        if vt is None or not trainer.is_main or (step % params.eval_every and step != tp.steps):
             return None
         return evaluate(step)
 
@@ -200,7 +203,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
             mark_touched(touched["mask"], out.labels.detach())
         return loss, {"loss_c": lc, "loss_s": ls}   # tensors: read at the logging interval, no sync per step
 
-    if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
+    if vt is not None and trainer.step == 0 and on_step is not None and trainer.is_main:   # the start, on a fresh run
         on_step(0, evaluate(0))
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end, grads_ready=wl_acc)
     _set_wl_trainable(model, True)
