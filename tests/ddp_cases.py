@@ -198,7 +198,41 @@ def case_gudn(encoder: str, ckpt: str | None):
     return _lightxml(encoder, ckpt, True)
 
 
-CASES = {"generic": case_generic, "matcher": case_matcher, "dual": case_dual, "elias1": case_elias1,
+def case_rows(encoder: str, ckpt: str | None):
+    """distributed.RowExchange on a 1000 x 16 head: rank r's gradient has 30 touched rows (a few shared with the
+    other rank), then 600: the result is the mean of the ranks' dense gradients, through the touched rows
+    (a payload below a dense all-reduce's) and then, the rows being too many, densely.  One process: that mean."""
+    import torch
+
+    from xmc_steps import distributed
+
+    def grad(r: int, n: int) -> torch.Tensor:
+        g = torch.zeros(1000, 16)
+        rows = torch.from_numpy(np.random.default_rng([r, n]).choice(1000, n, replace=False))
+        rows[:3] = torch.tensor([5, 6, 7])                  # rows both ranks touch
+        g[rows] = torch.from_numpy(np.random.default_rng([r, n, 1]).normal(size=(n, 16)).astype(np.float32))
+        return g
+
+    out = torch.nn.Module()
+    for name, n in (("sparse", 30), ("dense", 600)):
+        if distributed.world_size() > 1:
+            p = torch.nn.Parameter(torch.zeros(1000, 16))
+            p.grad = grad(distributed.rank(), n)
+            ex = distributed.RowExchange()
+            ex(p)
+            dense_bytes = 1000 * 16 * 4             # a ring all-reduce's per-rank bytes at world 2
+            assert ex.stats["dense"] == (name == "dense"), ex.stats
+            assert ex.stats["rows"] == n
+            if name == "sparse":
+                assert ex.stats["bytes"] < dense_bytes / 5, ex.stats
+            result = p.grad
+        else:
+            result = (grad(0, n) + grad(1, n)) / 2
+        out.register_buffer(name, result)
+    return out
+
+
+CASES = {"generic": case_generic, "rows": case_rows, "matcher": case_matcher, "dual": case_dual, "elias1": case_elias1,
          "elias2": case_elias2, "lightxml": case_lightxml, "gudn": case_gudn}
 
 

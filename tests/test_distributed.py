@@ -34,8 +34,9 @@ from tiny_encoder import make_tiny_encoder  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).resolve().parent / "ddp_cases.py"
 TOL = 2e-5
-#: the trainers' cases (tests/ddp_cases.py) and the faulty run each is checked against (None: none)
-FAULTS = {"generic": "generic-wrong", "matcher": None, "dual": "dual-nogather", "elias1": "elias1-wrong",
+#: the cases (tests/ddp_cases.py: the label heads' row exchange, then the trainers') and the faulty run each is
+#: checked against (None: none)
+FAULTS = {"rows": None, "generic": "generic-wrong", "matcher": None, "dual": "dual-nogather", "elias1": "elias1-wrong",
           "elias2": None, "lightxml": "lightxml-wrong", "gudn": None}
 RIGHT = tuple(FAULTS)
 

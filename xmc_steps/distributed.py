@@ -277,6 +277,70 @@ def _all_gather_autograd(t: torch.Tensor) -> torch.Tensor:
     return all_gather_single(t, 0, torch.distributed.group.WORLD)
 
 
+def touched_rows(grad: torch.Tensor) -> torch.Tensor:
+    """The rows of a 2-d gradient with a nonzero entry (int64, ascending)."""
+    return torch.nonzero(grad.reshape(grad.shape[0], -1).ne(0).any(1)).reshape(-1)
+
+
+class RowExchange:
+    """The gradient of a large row-indexed parameter (a label head: ELIAS's ``W_L``, LightXML's label embeddings)
+    averaged over the ranks through the rows a step touched, instead of DDP's dense all-reduce.
+
+    A step of a 500k-label head touches the rows of its shortlists (ELIAS: the batch's K = 2000 labels per text),
+    not L: each rank sends its touched rows (ids and values) to the others (two all-gathers, the rows padded to
+    the largest count) and adds the ranks' rows into its gradient, then divides by the world: the mean of the
+    ranks' dense gradients, as DDP's all-reduce gives it, for a payload that grows with the rows touched.  When
+    the touched rows are so many that the gather would move more than a dense all-reduce (``max rows x world >=
+    L``) the step all-reduces densely instead.  ``stats`` keeps the last exchange's figures (rows, bytes sent by
+    this rank, dense or not) for ``bench/bench_label_head.py``."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {}
+
+    def __call__(self, p: torch.nn.Parameter) -> None:
+        """Average ``p.grad`` over the ranks (``None`` on every rank: left so)."""
+        if not active():
+            return
+        g = p.grad
+        rows = touched_rows(g) if g is not None else torch.zeros(0, dtype=torch.int64, device=p.device)
+        n = torch.tensor([rows.numel() if g is not None else -1], dtype=torch.int64, device=p.device)
+        counts = [torch.zeros_like(n) for _ in range(world_size())]
+        torch.distributed.all_gather(counts, n)
+        counts_l = [int(c.item()) for c in counts]
+        if all(c < 0 for c in counts_l):
+            self.stats = {"rows": 0, "bytes": 8 * world_size(), "dense": False}
+            return
+        if g is None:
+            g = p.grad = torch.zeros_like(p)
+        w = world_size()
+        m = max(max(counts_l), 0)
+        row_bytes = g[0].numel() * g.element_size()
+        if m * w >= g.shape[0]:                      # as many rows as a dense all-reduce moves: that one
+            torch.distributed.all_reduce(g, op=torch.distributed.ReduceOp.SUM)
+            g.div_(w)
+            self.stats = {"rows": rows.numel(), "dense": True,
+                          "bytes": 8 * w + int(2 * (w - 1) / w * g.numel() * g.element_size())}
+            return
+        ids = torch.full((m,), -1, dtype=torch.int64, device=g.device)
+        ids[:rows.numel()] = rows
+        vals = g.new_zeros((m,) + tuple(g.shape[1:]))
+        vals[:rows.numel()] = g.index_select(0, rows)
+        all_ids = [torch.empty_like(ids) for _ in range(w)]
+        all_vals = [torch.empty_like(vals) for _ in range(w)]
+        torch.distributed.all_gather(all_ids, ids)
+        torch.distributed.all_gather(all_vals, vals)
+        # the touched rows alone are rewritten (no pass over the L rows): emptied, the ranks' rows added in rank
+        # order (every rank sums alike), the union divided by the world
+        g.index_fill_(0, rows, 0)
+        parts = [all_ids[r][:max(counts_l[r], 0)] for r in range(w)]
+        for r in range(w):
+            g.index_add_(0, parts[r], all_vals[r][:parts[r].numel()])
+        union = torch.unique(torch.cat(parts))
+        g.index_copy_(0, union, g.index_select(0, union).div_(w))
+        self.stats = {"rows": rows.numel(), "dense": False,
+                      "bytes": 8 * w + (w - 1) * m * (8 + row_bytes)}
+
+
 def gather_ids(ids: np.ndarray) -> list[np.ndarray]:
     """Every rank's integer array (any length), by rank (no gradient; objects through the process group)."""
     return [np.asarray(a) for a in all_gather_object(np.asarray(ids))]

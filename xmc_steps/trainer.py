@@ -608,7 +608,7 @@ class Trainer:
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
                  fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
                  lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto",
-                 prefetch: int | None = None):
+                 prefetch: int | None = None, row_sparse: tuple[nn.Parameter, ...] | list = ()):
         if not params.is_resolved:
             raise ValueError("the Trainer takes resolved training parameters (TrainParams.resolved(n_train))")
         check_amp(amp)
@@ -673,6 +673,8 @@ class Trainer:
         # micro-batches built ahead in a background thread (0: none); None: 2 on CUDA, none on a CPU
         self.prefetch = max(0, int(prefetch)) if prefetch is not None else (2 if self.device.type == "cuda" else 0)
         self.profiler: StepProfiler | None = _next_profiler
+        self.row_sparse: list[nn.Parameter] = []
+        self.row_exchange = distributed.RowExchange()
         if self.world > 1:
             # a CPU group for the small per-step agreements (the SIGTERM flag, the checkpoints' RNG states):
             # no wait for the device
@@ -683,8 +685,18 @@ class Trainer:
             if self.resumed_from is None and self.rank > 0:
                 # independent dropout masks (and other draws) on every rank; rank 0 draws as one process would
                 _seed_rank(self.params.seed, self.rank)
+            # the label heads: their gradients averaged through the rows a step touched, not by DDP's dense
+            # all-reduce (distributed.RowExchange)
+            self.row_sparse = list(row_sparse)
+            ids = {id(q) for q in self.row_sparse}
+            ignore = [f"model.{n}" for n, q in self.model.named_parameters() if id(q) in ids]
+            if len(ignore) != len(self.row_sparse):
+                raise ValueError("row_sparse: every parameter must be one of the model's")
+            wrapped = _LossModule(self.model)
+            if ignore:
+                torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped, ignore)
             self._ddp = torch.nn.parallel.DistributedDataParallel(
-                _LossModule(self.model), device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                wrapped, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=True, forward_sync_buffers=False)
             self.log.info("data parallel: rank %d of %d, %d sequences per rank and micro-batch (global batch %d x "
                           "%d accumulation)", self.rank, self.world, self.rank_batch, self.params.batch_size,
@@ -974,6 +986,8 @@ class Trainer:
                         step_logs[k] = step_logs.get(k, 0.0) + v / p.grad_accum
                     n_seq += len(idx)
                 step_logs = {"loss": loss_sum / p.grad_accum, **step_logs}
+                for q in self.row_sparse:      # the label heads' gradients: the rows touched (DDP ignores them)
+                    self.row_exchange(q)
                 self.scaler.unscale_(self.optimizer)
                 # the stop after this step: SIGTERM seen (by any rank, with several processes: agreed before the
                 # step's end, so that every rank checkpoints and exits after the same step)

@@ -154,8 +154,10 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
           "pooling": params.pooling, "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
+    # with several processes W_L's gradient goes through the rows the shortlists touched (distributed.RowExchange)
+    head = [model.wl] + ([model.wl_bias] if model.wl_bias is not None else [])
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp,
-                      lengths=tokens.lengths, device=params.device, amp=params.amp)
+                      lengths=tokens.lengths, device=params.device, amp=params.amp, row_sparse=head)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)

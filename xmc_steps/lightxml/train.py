@@ -303,8 +303,10 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
                      len(valid[0]))
             if on_step is not None:
                 on_step(0, {"valid_p_at_1": m0["p_at_1"], "valid_p_at_5": m0["p_at_5"]})
+    # with several processes the label embeddings' gradient goes through the candidates' rows (distributed.RowExchange)
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, lengths=tokens.lengths,
-                      device=params.device, amp=params.amp)
+                      device=params.device, amp=params.amp,
+                      row_sparse=[] if model.flat else [model.label_emb.weight])
     if guide_start:   # measured once, at the start; a resumed run keeps its checkpoint's
         kept = float(box.guide_state[0])
         box.guide_state.fill_(guide.start(model, tokens, Y, trainer.device, log, None if np.isnan(kept) else kept))
