@@ -200,7 +200,7 @@ def case_gudn(encoder: str, ckpt: str | None):
 
 def case_rows(encoder: str, ckpt: str | None):
     """distributed.RowExchange on a 1000 x 16 head: rank r's gradient has 30 touched rows (a few shared with the
-    other rank), then 600: the result is the mean of the ranks' dense gradients, through the touched rows
+    other rank), then 900: the result is the mean of the ranks' dense gradients, through the touched rows
     (a payload below a dense all-reduce's) and then, the rows being too many, densely.  One process: that mean."""
     import torch
 
@@ -214,7 +214,7 @@ def case_rows(encoder: str, ckpt: str | None):
         return g
 
     out = torch.nn.Module()
-    for name, n in (("sparse", 30), ("dense", 600)):
+    for name, n in (("sparse", 30), ("dense", 900)):
         if distributed.world_size() > 1:
             p = torch.nn.Parameter(torch.zeros(1000, 16))
             p.grad = grad(distributed.rank(), n)

@@ -18,6 +18,7 @@ the dual encoder without the gather by 5e-3 (>= 100 x TOL): the tests check that
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,16 @@ def torchrun(cases: str, encoder: str, out: Path, ckpt: Path | None = None, env:
            cases, encoder, str(out)] + ([str(ckpt)] if ckpt else [])
     e = {**os.environ, "OMP_NUM_THREADS": "1", "XMC_TRACKING": "0", **(env or {})}
     e.pop("WORLD_SIZE", None)
-    r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
+    # its own process group: a hung run is ended with its workers (a timeout would otherwise end torchrun alone)
+    p = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"torchrun hung (300 s):\n{out[-3000:]}\n{err[-6000:]}") from None
+    r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and r.returncode != 0:
         raise AssertionError(f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
     return r
@@ -161,3 +171,30 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_checkpoint_and_the_rerun_re
     assert (tmp_path / "cut" / "generic.npz").exists()
     d = max_diff(np.load(tmp_path / "cut" / "generic.npz"), two_processes["generic"])    # the uninterrupted run
     assert d == 0.0, f"the resumed run differs from the uninterrupted one by {d:.3g}"
+
+
+# --------------------------------------------------------------------------- the stage harness under torchrun
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stage_writes_its_log_record_and_run_on_rank_0_alone(rank, tmp_path, monkeypatch):
+    """Under torchrun every rank runs the stage; rank 0 alone writes the log file and the record (and logs to
+    MLflow), and a failing rank other than 0 removes nothing (rank 0's outputs)."""
+    import argparse
+
+    from xmc_steps.stage import add_common_args, stage_run
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    args = add_common_args(argparse.ArgumentParser()).parse_args(
+        ["--log", str(tmp_path / "x.log"), "--record", str(tmp_path / "record.json"), "--no-tracking"])
+    with stage_run("x", args) as st:
+        st.log.info("trained")
+    assert (tmp_path / "record.json").exists() == (rank == 0)
+    assert (tmp_path / "x.log").exists() == (rank == 0)
+    kept = tmp_path / "out.bin"
+    kept.write_bytes(b"rank 0's")
+    with pytest.raises(RuntimeError):
+        with stage_run("x", args, outputs=[str(kept)]):
+            raise RuntimeError("a rank fails")
+    assert kept.exists() == (rank > 0)

@@ -290,8 +290,8 @@ class RowExchange:
     not L: each rank sends its touched rows (ids and values) to the others (two all-gathers, the rows padded to
     the largest count) and adds the ranks' rows into its gradient, then divides by the world: the mean of the
     ranks' dense gradients, as DDP's all-reduce gives it, for a payload that grows with the rows touched.  When
-    the touched rows are so many that the gather would move more than a dense all-reduce (``max rows x world >=
-    L``) the step all-reduces densely instead.  ``stats`` keeps the last exchange's figures (rows, bytes sent by
+    the touched rows are so many that the gather would send more than a dense ring all-reduce (``(W - 1) x max
+    rows x (8 + row bytes) >= 2 (W - 1) / W x L x row bytes``) the step all-reduces densely instead.  ``stats`` keeps the last exchange's figures (rows, bytes sent by
     this rank, dense or not) for ``bench/bench_label_head.py``."""
 
     def __init__(self) -> None:
@@ -315,11 +315,11 @@ class RowExchange:
         w = world_size()
         m = max(max(counts_l), 0)
         row_bytes = g[0].numel() * g.element_size()
-        if m * w >= g.shape[0]:                      # as many rows as a dense all-reduce moves: that one
+        dense_bytes = 2 * (w - 1) / w * g.numel() * g.element_size()      # a ring all-reduce's, per rank
+        if (w - 1) * m * (8 + row_bytes) >= dense_bytes:    # more than a dense all-reduce would move: that one
             torch.distributed.all_reduce(g, op=torch.distributed.ReduceOp.SUM)
             g.div_(w)
-            self.stats = {"rows": rows.numel(), "dense": True,
-                          "bytes": 8 * w + int(2 * (w - 1) / w * g.numel() * g.element_size())}
+            self.stats = {"rows": rows.numel(), "dense": True, "bytes": 8 * w + int(dense_bytes)}
             return
         ids = torch.full((m,), -1, dtype=torch.int64, device=g.device)
         ids[:rows.numel()] = rows
