@@ -290,19 +290,44 @@ class RowExchange:
     not L: each rank sends its touched rows (ids and values) to the others (two all-gathers, the rows padded to
     the largest count) and adds the ranks' rows into its gradient, then divides by the world: the mean of the
     ranks' dense gradients, as DDP's all-reduce gives it, for a payload that grows with the rows touched.  When
-    the touched rows are so many that the gather would send more than a dense ring all-reduce (``(W - 1) x max
-    rows x (8 + row bytes) >= 2 (W - 1) / W x L x row bytes``) the step all-reduces densely instead.  ``stats`` keeps the last exchange's figures (rows, bytes sent by
+    the touched rows are so many that the gather would send more than half of a dense ring all-reduce's bytes
+    (``(W - 1) x max rows x (8 + row bytes)`` against ``2 (W - 1) / W x L x row bytes``; :attr:`SPARSE_AT`)
+    the step all-reduces densely instead (``XMC_ROW_EXCHANGE``: ``rows`` or ``dense`` forces one).  The rows
+    are those a model declares (:meth:`touch`), else the gradient's nonzero rows (a pass over ``L x d``).  ``stats`` keeps the last exchange's figures (rows, bytes sent by
     this rank, dense or not) for ``bench/bench_label_head.py``."""
+
+    #: sparse when its bytes are at most this share of a dense all-reduce's: the gathered rows' scatter costs more
+    #: time per byte than the all-reduce (bench/bench_label_head.py at 20,000 labels: 0.8 of the bytes, slower)
+    SPARSE_AT = 0.5
 
     def __init__(self) -> None:
         self.stats: dict[str, Any] = {}
+        self._rows: dict[int, list[torch.Tensor]] = {}
+        # XMC_ROW_EXCHANGE: auto (by the bytes) | rows (always the rows) | dense (always the all-reduce)
+        self.mode = os.environ.get("XMC_ROW_EXCHANGE", "auto").strip() or "auto"
+        if self.mode not in ("auto", "rows", "dense"):
+            raise ValueError(f"XMC_ROW_EXCHANGE={self.mode!r}: expected auto, rows or dense")
+
+    def touch(self, p: torch.nn.Parameter, rows: torch.Tensor) -> None:
+        """Declare rows of ``p`` this step's gradient may reach (ids; repeats and ``-1`` padding allowed): the
+        exchange then sends those instead of scanning the ``L x d`` gradient for nonzero rows.  Every row with a
+        gradient must be declared (the model's: ELIAS's shortlists)."""
+        if active():
+            self._rows.setdefault(id(p), []).append(rows.detach().reshape(-1))
 
     def __call__(self, p: torch.nn.Parameter) -> None:
         """Average ``p.grad`` over the ranks (``None`` on every rank: left so)."""
         if not active():
             return
         g = p.grad
-        rows = touched_rows(g) if g is not None else torch.zeros(0, dtype=torch.int64, device=p.device)
+        declared = self._rows.pop(id(p), None)
+        if g is None:
+            rows = torch.zeros(0, dtype=torch.int64, device=p.device)
+        elif declared:
+            rows = torch.unique(torch.cat(declared).to(g.device))
+            rows = rows[rows >= 0]
+        else:
+            rows = touched_rows(g)
         n = torch.tensor([rows.numel() if g is not None else -1], dtype=torch.int64, device=p.device)
         counts = [torch.zeros_like(n) for _ in range(world_size())]
         torch.distributed.all_gather(counts, n)
@@ -316,7 +341,8 @@ class RowExchange:
         m = max(max(counts_l), 0)
         row_bytes = g[0].numel() * g.element_size()
         dense_bytes = 2 * (w - 1) / w * g.numel() * g.element_size()      # a ring all-reduce's, per rank
-        if (w - 1) * m * (8 + row_bytes) >= dense_bytes:    # more than a dense all-reduce would move: that one
+        sparse_bytes = (w - 1) * m * (8 + row_bytes)
+        if self.mode == "dense" or (self.mode == "auto" and sparse_bytes > self.SPARSE_AT * dense_bytes):
             torch.distributed.all_reduce(g, op=torch.distributed.ReduceOp.SUM)
             g.div_(w)
             self.stats = {"rows": rows.numel(), "dense": True, "bytes": 8 * w + int(dense_bytes)}

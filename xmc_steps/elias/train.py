@@ -199,6 +199,9 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         ids, mask, rows, labels, max_pos = batch
         out = m.elias(ids, mask, rows, labels, max_pos=max_pos)
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
+        if trainer.world > 1:      # W_L's rows this step reaches: the shortlists' (the exchange sends those)
+            for q in head:
+                trainer.row_exchange.touch(q, out.labels)
         if decay_touched and model.wl.requires_grad:     # a device mask, no read back
             if "mask" not in touched:
                 touched["mask"] = torch.zeros(model.n_labels + 1, dtype=torch.bool, device=out.labels.device)
