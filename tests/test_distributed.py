@@ -200,3 +200,26 @@ def test_a_stage_writes_its_log_record_and_run_on_rank_0_alone(rank, tmp_path, m
         with stage_run("x", args, outputs=[str(kept)]):
             raise RuntimeError("a rank fails")
     assert kept.exists() == (rank > 0)
+
+
+# --------------------------------------------------------------------------- the rules' launcher
+
+
+def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
+    import shlex
+
+    from xmc_steps import launch
+
+    py = "/opt/my env/$(touch x)/python"
+    assert launch.command(py) == shlex.quote(py)
+    one_node = launch.command(py, gpus=4)
+    assert shlex.split(one_node) == [py, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone"]
+    two = launch.command(py, gpus=8, nodes=2)
+    words = shlex.split(two.replace('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"', "HEAD")
+                        .replace('"$SLURM_JOB_ID"', "JOB"))
+    assert words[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]
+    assert words[words.index(py):] == [py, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes", "2",
+                                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD:29500", "--rdzv-id", "JOB"]
+    assert launch.processes({"gpus": 8, "nodes": 2}) == 16 and launch.gpus_of({}) == 1
+    with pytest.raises(ValueError):
+        launch.command(py, gpus=0)

@@ -63,6 +63,11 @@ def training_device(st, params: Any) -> Iterator[torch.device]:
     device = neural.resolve_device(params.device)
     from . import distributed
 
+    want = int(getattr(params, "gpus", 1) or 1) * int(getattr(params, "nodes", 1) or 1)
+    if want != distributed.world_size_from_env():
+        st.log.warning("the settings ask for %d process(es) (gpus x nodes) and this stage runs as %d: the rule "
+                       "starts it under torchrun when gpus x nodes > 1 (xmc_steps.launch)", want,
+                       distributed.world_size_from_env())
     if distributed.world_size_from_env() > 1:
         # under torchrun: this rank's device, and the process group joined before any model is built
         device = distributed.local_device(device)
