@@ -223,3 +223,29 @@ def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
     assert launch.processes({"gpus": 8, "nodes": 2}) == 16 and launch.gpus_of({}) == 1
     with pytest.raises(ValueError):
         launch.command(py, gpus=0)
+
+
+# --------------------------------------------------------------------------- through Snakemake
+
+
+@pytest.mark.slow
+def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(tmp_path):
+    """LightXML's toy target with ``lightxml.gpus: 2``: the rule starts its training under torchrun (2 gloo
+    processes on the CPU), rank 0 writes the record and the model, the target is evaluated."""
+    import copy
+    import json
+
+    import test_workflow as tw
+
+    tw._toy(tmp_path)
+    over = copy.deepcopy(tw.NEURAL_OVERRIDES)
+    over["datasets"]["toy"]["lightxml"].update(gpus=2, train={**over["datasets"]["toy"]["lightxml"]["train"],
+                                                               "epochs": 1})
+    tw._run(tmp_path, "results/toy/lightxml.json", overrides=over)
+    log = "".join(p.read_text() for p in (tmp_path / "logs" / "lightxml_train").glob("*.log"))
+    assert "distributed: rank 0 of 2" in log and "data parallel: rank 0 of 2" in log
+    records = list((tmp_path / "results" / "toy" / "lightxml").rglob("record.json"))
+    train = [json.loads(p.read_text()) for p in records if json.loads(p.read_text())["rule"] == "lightxml_train"]
+    assert len(train) == 1 and train[0]["extra"]["processes"] == 2
+    res = json.loads((tmp_path / "results" / "toy" / "lightxml.json").read_text())
+    assert res["metrics"]["p_at_1"] > 0
