@@ -213,13 +213,15 @@ def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
     py = "/opt/my env/$(touch x)/python"
     assert launch.command(py) == shlex.quote(py)
     one_node = launch.command(py, gpus=4)
-    assert shlex.split(one_node) == [py, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone"]
+    assert shlex.split(one_node) == [py, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone",
+                                     "-m", "xmc_steps.launch", "--"]
     two = launch.command(py, gpus=8, nodes=2)
     words = shlex.split(two.replace('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"', "HEAD")
                         .replace('"$SLURM_JOB_ID"', "JOB"))
     assert words[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]
     assert words[words.index(py):] == [py, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes", "2",
-                                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD:29500", "--rdzv-id", "JOB"]
+                                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD:29500", "--rdzv-id", "JOB",
+                                       "-m", "xmc_steps.launch", "--"]
     assert launch.processes({"gpus": 8, "nodes": 2}) == 16 and launch.gpus_of({}) == 1
     with pytest.raises(ValueError):
         launch.command(py, gpus=0)
@@ -229,23 +231,33 @@ def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
 
 
 @pytest.mark.slow
-def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(tmp_path):
+def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(neural_toy_run, tmp_path):
     """LightXML's toy target with ``lightxml.gpus: 2``: the rule starts its training under torchrun (2 gloo
-    processes on the CPU), rank 0 writes the record and the model, the target is evaluated."""
+    processes on the CPU), rank 0 writes the record and the model, the target is evaluated.  Runs in a copy of the
+    neural toy run (tests/conftest.py), so that only LightXML's jobs run again (their settings changed)."""
     import copy
     import json
+    import shutil
+    import time
 
     import test_workflow as tw
 
-    tw._toy(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(neural_toy_run, run, symlinks=True)
+    shutil.rmtree(run / "logs" / "lightxml_train", ignore_errors=True)
     over = copy.deepcopy(tw.NEURAL_OVERRIDES)
+    over["data_dir"] = str(neural_toy_run / "data")      # the same inputs: nothing upstream runs again
     over["datasets"]["toy"]["lightxml"].update(gpus=2, train={**over["datasets"]["toy"]["lightxml"]["train"],
                                                                "epochs": 1})
-    tw._run(tmp_path, "results/toy/lightxml.json", overrides=over)
-    log = "".join(p.read_text() for p in (tmp_path / "logs" / "lightxml_train").glob("*.log"))
+    started = time.time()
+    tw._run(run, "results/toy/lightxml.json", overrides=over)
+    log = "".join(p.read_text() for p in (run / "logs" / "lightxml_train").glob("*.log"))
     assert "distributed: rank 0 of 2" in log and "data parallel: rank 0 of 2" in log
-    records = list((tmp_path / "results" / "toy" / "lightxml").rglob("record.json"))
-    train = [json.loads(p.read_text()) for p in records if json.loads(p.read_text())["rule"] == "lightxml_train"]
+    assert "rank1" not in log                              # the other rank logs to stderr, not the log file
+    ran = {p.parent.name for p in (run / "logs").glob("*/*.log") if p.stat().st_mtime > started}
+    assert "lightxml_train" in ran and not ran & {"ingest", "tokenize", "cluster"}, ran
+    records = [json.loads(p.read_text()) for p in (run / "results" / "toy" / "lightxml").rglob("record.json")]
+    train = [r for r in records if r["rule"] == "lightxml_train"]
     assert len(train) == 1 and train[0]["extra"]["processes"] == 2
-    res = json.loads((tmp_path / "results" / "toy" / "lightxml.json").read_text())
+    res = json.loads((run / "results" / "toy" / "lightxml.json").read_text())
     assert res["metrics"]["p_at_1"] > 0
