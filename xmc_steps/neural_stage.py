@@ -56,10 +56,23 @@ def train_split_only(train: Any, method: str, why: str = "") -> None:
 def training_device(st, params: Any) -> Iterator[torch.device]:
     """Set ``params.threads`` (torch intra-op threads, when given), resolve ``params.device`` (already
     checked by :func:`xmc_steps.devices.require_device`) and, on CUDA, record the stage's peak GPU
-    memory as ``peak_gpu_mem_mb`` when the block completes."""
+    memory as ``peak_gpu_mem_mb`` when the block completes.  Under ``torchrun`` (several processes) the
+    device is the rank's own and the process group is joined here (:mod:`xmc_steps.distributed`)."""
     if getattr(params, "threads", None):
         torch.set_num_threads(int(params.threads))
     device = neural.resolve_device(params.device)
+    from . import distributed
+
+    want = int(getattr(params, "gpus", 1) or 1) * int(getattr(params, "nodes", 1) or 1)
+    if want != distributed.world_size_from_env():
+        st.log.warning("the settings ask for %d process(es) (gpus x nodes) and this stage runs as %d: the rule "
+                       "starts it under torchrun when gpus x nodes > 1 (xmc_steps.launch)", want,
+                       distributed.world_size_from_env())
+    if distributed.world_size_from_env() > 1:
+        # under torchrun: this rank's device, and the process group joined before any model is built
+        device = distributed.local_device(device)
+        distributed.init_from_env(device, st.log)
+        st.extra["processes"] = distributed.world_size()
     st.extra["device"] = device_label(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -245,6 +245,25 @@ def started_at() -> float | None:
 
 
 @contextlib.contextmanager
+def _rank_context(ctx: StageContext) -> Iterator[None]:
+    """A rank other than 0 of a stage under torchrun: it trains, and writes nothing (no record, no MLflow run,
+    no removal of outputs on failure: rank 0's)."""
+    _RUNNING.append(ctx)
+    clock.stage_began(ctx.t0)
+    try:
+        yield
+    except BaseException as e:
+        if isinstance(e, StageError):
+            ctx.log.error("%s", e)
+        elif not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            ctx.log.exception("stage %s failed", ctx.stage)
+        raise
+    finally:
+        _RUNNING.remove(ctx)
+        clock.stage_ended(ctx.t0)
+
+
+@contextlib.contextmanager
 def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = None) -> Iterator[StageContext]:
     """Run a stage: logging, timing, peak memory, record, tracking, cleanup on failure.
 
@@ -252,13 +271,20 @@ def stage_run(stage: str, args: argparse.Namespace, outputs: list[str] | None = 
     paths and the record); pre-existing files are removed too, since Snakemake would
     otherwise mistake a stale file for the product of this run.
     """
-    log = get_logger(stage, getattr(args, "log", None))
+    # under torchrun (several processes) rank 0 alone writes: the log file, the record, MLflow, the outputs'
+    # removal on failure; the other ranks log to stderr (torchrun's environment, read without importing torch)
+    rank = int(os.environ.get("RANK", "0") or 0) if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else 0
+    log = get_logger(stage if rank == 0 else f"{stage}.rank{rank}", getattr(args, "log", None) if rank == 0 else None)
     ctx = StageContext(stage=stage, args=args, log=log, params=parse_params(args))
     if getattr(args, "phase", None):
         ctx.extra["phase"] = args.phase
     record_path = getattr(args, "record", None)
     declared = list(outputs or [])
     log.info("stage %s starting (pid %d)", stage, os.getpid())
+    if rank > 0:
+        with _rank_context(ctx):
+            yield ctx
+        return
     io.remove_stale_temporaries(declared + ([record_path] if record_path else []), log=log)
     proc.guard_log(log)
     _RUNNING.append(ctx)

@@ -48,6 +48,26 @@ back together, once per log line; a non-finite loss is reported then, with its s
 the optimiser is the fused AdamW.  :class:`StepProfiler` splits the steps' time by phase
 (``bench/bench_neural.py``).
 
+Several processes (DDP)
+-----------------------
+Started by ``torchrun`` (``WORLD_SIZE`` > 1) the trainer joins the process group
+(:func:`xmc_steps.distributed.init_from_env`: nccl on CUDA, gloo on a CPU, a named collective timeout)
+and wraps the model in ``DistributedDataParallel``.  Every rank draws the same epoch permutation; the
+micro-batch of ``batch_size`` indices is the *global* one, and each rank trains on its consecutive part
+(:func:`xmc_steps.distributed.shard`, ``batch_size / world`` of them: a ``batch_size`` the world does not
+divide is an error naming the keys), so every example is seen once per epoch and the ranks together take
+the steps one process would.  ``loss_fn`` returns the mean loss over its rank's examples and the trainer
+weighs it by the rank's share of the global micro-batch (``n_rank * world / n``, 1 for a whole batch): DDP's
+average of the gradients is then the gradient of the global batch's mean loss (``fit(loss_scope="global")``
+for a loss that is already its rank's share of a globally normalised one, such as the dual encoder's
+in-batch softmax over the gathered labels).  Rank 0 alone writes checkpoints and calls ``on_step`` and
+``on_checkpoint``; ``step_end`` runs on every rank (state every rank keeps, such as mined label
+embeddings), and what it evaluates is for the caller to do on rank 0
+(:func:`xmc_steps.distributed.is_main`).  Every rank resumes from the checkpoint rank 0 picks; a SIGTERM
+on any rank stops every rank after the same step (the flag is all-reduced each step on a gloo group),
+with one checkpoint, written before any rank exits.  The logged loss is the global mean.  With one
+process none of this runs: the loop is the single-process one.
+
 Checkpoints
 -----------
 ``ckpt_dir/step-XXXXXXXX/`` (8-digit step number) holds
@@ -58,7 +78,8 @@ Checkpoints
   ``scheduler``, ``scaler`` (GradScaler) state dicts, ``rng`` (torch CPU, CUDA,
   numpy global and Python ``random`` states), ``params`` (the TrainParams dict),
   ``fingerprint`` (a caller-given dict identifying the run) and ``time`` (seconds spent
-  training so far).  It loads with ``torch.load(..., weights_only=True)``.
+  training so far), and with several processes ``rng_ranks`` (every rank's ``rng``, by rank).  It loads
+  with ``torch.load(..., weights_only=True)``.
 
 A checkpoint is written into ``ckpt_dir/.tmp-step-XXXXXXXX-<pid>/`` and renamed to its
 final name once complete, so a ``step-*`` folder is always whole; the newest two are
@@ -96,6 +117,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import distributed
 from .neural import (amp_dtype, autocast_context, check_amp, cpu_has_bf16, load_model, needs_grad_scaler,
                      resolve_device, save_model, to_device)
 from .layout import WEIGHTS
@@ -545,6 +567,27 @@ def bucket_by_length(order: np.ndarray, lengths: np.ndarray, batch_size: int, wi
     return np.concatenate(out) if out else order
 
 
+def _seed_rank(seed: int, rank: int) -> None:
+    """Seed this rank's generators (torch, numpy's global, Python's) apart from rank 0's: its own dropout masks."""
+    s = int(seed) * 1_000_003 + 7919 * int(rank)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+    torch.manual_seed(s)
+
+
+class _LossModule(nn.Module):
+    """What DDP wraps: its ``forward`` is the step's loss function on the model, so that every use of the
+    model inside the loss (methods other than ``forward`` included) runs inside DDP's forward and its
+    gradients are averaged in the backward pass."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, loss_fn, batch):
+        return loss_fn(self.model, batch)
+
+
 class Trainer:
     """The training loop shared by the neural methods (see the module docstring).
 
@@ -565,11 +608,14 @@ class Trainer:
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
                  fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
                  lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto",
-                 prefetch: int | None = None):
+                 prefetch: int | None = None, row_sparse: tuple[nn.Parameter, ...] | list = ()):
         if not params.is_resolved:
             raise ValueError("the Trainer takes resolved training parameters (TrainParams.resolved(n_train))")
         check_amp(amp)
         self.model, self.params = model, params
+        # the per-rank micro-batch: a configured batch_size the world does not divide is an error naming the keys
+        self.rank_batch = distributed.per_rank_batch(params.batch_size, params.grad_accum,
+                                                     distributed.world_size_from_env())
         self.lengths = None if lengths is None else np.asarray(lengths)
         if params.length_bucket > 0 and self.lengths is None:
             # a setting the loop would otherwise ignore without a word (ELIAS, LightXML and the dual
@@ -582,6 +628,15 @@ class Trainer:
         self.fingerprint = json.loads(json.dumps(dict(fingerprint or {}), default=str))
         self.keep = max(1, int(keep))
         self.device = resolve_device(device)
+        self.world = 1
+        self._ddp: nn.Module | None = None
+        self._flag_group = None
+        if distributed.world_size_from_env() > 1:
+            self.device = distributed.local_device(self.device)
+            distributed.init_from_env(self.device, self.log)
+            self.world = distributed.world_size()
+        self.rank = distributed.rank()
+        self.is_main = self.rank == 0
         self.amp = amp
         self.model.to(self.device)
         for j, g in enumerate(groups):
@@ -611,10 +666,41 @@ class Trainer:
         self._order_cache: dict[tuple[int, int], np.ndarray] = {}   # the current epoch's and the next's
         self._stop = False
         self._last_ckpt_step = -1
+        # with several processes: the real examples of this rank's part of the current micro-batch (0: a stand-in)
+        self.rank_examples = 0
+        # ... and its share of it, n_real * world / n (distributed.loss_weight): a "global" loss's weight
+        self.batch_share = 1.0
         # micro-batches built ahead in a background thread (0: none); None: 2 on CUDA, none on a CPU
         self.prefetch = max(0, int(prefetch)) if prefetch is not None else (2 if self.device.type == "cuda" else 0)
         self.profiler: StepProfiler | None = _next_profiler
+        self.row_sparse: list[nn.Parameter] = []
+        self.row_exchange = distributed.RowExchange()
+        if self.world > 1:
+            # a CPU group for the small per-step agreements (the SIGTERM flag, the checkpoints' RNG states):
+            # no wait for the device
+            self._flag_group = (torch.distributed.new_group(backend="gloo")
+                                if torch.distributed.get_backend() != "gloo" else None)
         self._resume()
+        if self.world > 1:
+            if self.resumed_from is None and self.rank > 0:
+                # independent dropout masks (and other draws) on every rank; rank 0 draws as one process would
+                _seed_rank(self.params.seed, self.rank)
+            # the label heads: their gradients averaged through the rows a step touched, not by DDP's dense
+            # all-reduce (distributed.RowExchange)
+            self.row_sparse = list(row_sparse)
+            ids = {id(q) for q in self.row_sparse}
+            ignore = [f"model.{n}" for n, q in self.model.named_parameters() if id(q) in ids]
+            if len(ignore) != len(self.row_sparse):
+                raise ValueError("row_sparse: every parameter must be one of the model's")
+            wrapped = _LossModule(self.model)
+            if ignore:
+                torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped, ignore)
+            self._ddp = torch.nn.parallel.DistributedDataParallel(
+                wrapped, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=True, forward_sync_buffers=False)
+            self.log.info("data parallel: rank %d of %d, %d sequences per rank and micro-batch (global batch %d x "
+                          "%d accumulation)", self.rank, self.world, self.rank_batch, self.params.batch_size,
+                          self.params.grad_accum)
 
     @property
     def wall_s(self) -> float:
@@ -656,6 +742,22 @@ class Trainer:
     def _resume(self) -> None:
         if self.ckpt_dir is None:
             return
+        if self.world > 1:
+            # rank 0 cleans the folder and picks the checkpoint; every rank loads that one
+            path = self._pick_checkpoint() if self.is_main else None
+            path = distributed.broadcast_object(None if path is None else str(path))
+            if path is not None:
+                state = torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=True)
+                self._load_checkpoint(Path(path), state)
+            return
+        path = self._pick_checkpoint()
+        if path is not None:
+            self._load_checkpoint(path, self._picked_state)
+
+    def _pick_checkpoint(self) -> Path | None:
+        """The newest readable checkpoint written by this run's configuration (its state in
+        ``_picked_state``), or None; the leftovers of killed saves, and checkpoints of another
+        configuration, are removed."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         for p in self.ckpt_dir.glob(".tmp-step-*"):  # leftovers of a killed save
             shutil.rmtree(p, ignore_errors=True)
@@ -676,24 +778,34 @@ class Trainer:
                                  self.ckpt_dir, saved, state.get("fingerprint"))
                 for _, p in list_checkpoints(self.ckpt_dir):
                     shutil.rmtree(p, ignore_errors=True)
-                return
-            load_model(self.model, path / WEIGHTS)
-            self.model.to(self.device)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.scheduler.lr_lambdas = [LinearWarmupDecay(self.params.warmup_steps, self.params.steps, self.params.schedule)
-                                         for _ in self.optimizer.param_groups]
-            if state.get("scaler"):
-                self.scaler.load_state_dict(state["scaler"])
-            self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["pos"])
-            self.train_time = float(state.get("time", 0.0))
-            # checkpoints written before "wall" was kept: the optimisation time is the lower bound known
-            self.wall_before = float(state.get("wall", self.train_time))
+                return None
+            self._picked_state = state
+            return path
+        return None
+
+    def _load_checkpoint(self, path: Path, state: Mapping[str, Any]) -> None:
+        load_model(self.model, path / WEIGHTS)
+        self.model.to(self.device)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.lr_lambdas = [LinearWarmupDecay(self.params.warmup_steps, self.params.steps, self.params.schedule)
+                                     for _ in self.optimizer.param_groups]
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.pos = int(state["step"]), int(state["epoch"]), int(state["pos"])
+        self.train_time = float(state.get("time", 0.0))
+        # checkpoints written before "wall" was kept: the optimisation time is the lower bound known
+        self.wall_before = float(state.get("wall", self.train_time))
+        ranks = state.get("rng_ranks") or []
+        if self.world > 1 and len(ranks) == self.world:
+            _set_rng_state(ranks[self.rank])
+        else:
             _set_rng_state(state["rng"])
-            self.resumed_from = self._last_ckpt_step = self.step
-            self.log.info("resumed from checkpoint %s: step %d/%d, epoch %d, position %d",
-                          path, self.step, self.params.steps, self.epoch, self.pos)
-            return
+            if self.rank > 0:        # written by another number of processes: this rank's own draws
+                _seed_rank(self.params.seed + self.step, self.rank)
+        self.resumed_from = self._last_ckpt_step = self.step
+        self.log.info("resumed from checkpoint %s: step %d/%d, epoch %d, position %d",
+                      path, self.step, self.params.steps, self.epoch, self.pos)
 
     def save_checkpoint(self) -> Path:
         """Write ``ckpt_dir/step-XXXXXXXX/`` atomically and keep the newest ``keep``."""
@@ -701,6 +813,26 @@ class Trainer:
             raise ValueError("this trainer has no checkpoint folder")
         name = f"step-{self.step:08d}"
         final = self.ckpt_dir / name
+        if self.world > 1:
+            # every rank's RNG states to rank 0, which alone writes; no rank goes on (or exits) before it is written
+            ranks = self._gather_object(_rng_state())
+            if self.is_main:
+                try:
+                    self._write_checkpoint(final, name, {"rng_ranks": ranks})
+                finally:
+                    distributed.barrier()
+            else:
+                distributed.barrier()
+            self._last_ckpt_step = self.step
+            return final
+        return self._write_checkpoint(final, name, {})
+
+    def _gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj, group=self._flag_group)
+        return out
+
+    def _write_checkpoint(self, final: Path, name: str, extra: Mapping[str, Any]) -> Path:
         tmp = self.ckpt_dir / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -717,6 +849,7 @@ class Trainer:
                 "fingerprint": self.fingerprint,
                 "time": self.train_time,
                 "wall": self.wall_s,
+                **extra,
             }
             torch.save(state, tmp / "trainer.pt")
             for f in tmp.iterdir():  # data on disk before the rename makes it visible
@@ -737,8 +870,9 @@ class Trainer:
         return final
 
     def save_model(self, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
-        """Write the model's weights as safetensors, atomically."""
-        save_model(self.model, path, metadata)
+        """Write the model's weights as safetensors, atomically (rank 0 alone, with several processes)."""
+        if self.is_main:
+            save_model(self.model, path, metadata)
 
     # -- SIGTERM
     def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002
@@ -761,7 +895,7 @@ class Trainer:
     def fit(self, loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, Mapping[str, float]]], n_examples: int,
             batch_fn: Callable[[np.ndarray], Any],
             step_end: Callable[[int], Mapping[str, float] | None] | None = None,
-            grads_ready: Callable[[int], None] | None = None) -> "Trainer":
+            grads_ready: Callable[[int], None] | None = None, loss_scope: str = "mean") -> "Trainer":
         """Train until ``params.steps`` optimisation steps are done (resuming if possible).
 
         ``batch_fn(indices)`` builds a batch (any object; tensors inside tuples, lists
@@ -773,7 +907,16 @@ class Trainer:
         number the step will have); it may edit or remove (``grad = None``: the optimiser
         skips the parameter) gradients.  ``step_end(step)``, if given, runs after every step
         before any checkpoint (evaluation hooks); the floats it returns go to ``on_step`` at once.
+
+        With several processes (module docstring, "Several processes") ``batch_fn`` gets the rank's part of
+        the global micro-batch, ``loss_fn`` runs inside DDP's forward and returns ``loss_scope``: ``"mean"``,
+        the mean over the rank's examples (the trainer weighs it by the rank's share), or ``"global"``, the
+        rank's share of the global batch's loss already (the ranks' average is that loss; the trainer then
+        only zeroes a stand-in rank's, :func:`xmc_steps.distributed.shard`).  ``loss_fn`` returns the same
+        log keys on every rank.
         """
+        if loss_scope not in ("mean", "global"):
+            raise ValueError(f"loss_scope must be 'mean' or 'global', got {loss_scope!r}")
         p = self.params
         if n_examples < 1:
             raise ValueError("no training examples")
@@ -794,6 +937,14 @@ class Trainer:
         acc: dict[str, list] = {}   # per step: tensors stay on the device until a log line needs them
         acc_n = 0
         win_t, win_seq = 0.0, 0
+        dist = self.world > 1
+        if dist:
+            def rank_batch_fn(idx: np.ndarray, _fn=batch_fn):     # this rank's part of the global micro-batch
+                return _fn(distributed.shard(idx, self.rank, self.world)[0])
+            batch_fn = rank_batch_fn
+            if n_examples < self.world:
+                self.log.warning("%d training examples for %d processes: some ranks train on stand-ins with loss "
+                                 "weight 0", n_examples, self.world)
         feed = _Prefetcher(self, batch_fn, n_examples, (p.steps - self.step) * p.grad_accum, self.prefetch, pin=cuda)
         with self._sigterm_handler(), contextlib.closing(feed):
             while self.step < p.steps:
@@ -806,14 +957,27 @@ class Trainer:
                 step_logs: dict[str, Any] = {}
                 loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per micro-batch
                 n_seq = 0
-                for _ in range(p.grad_accum):
+                for micro in range(p.grad_accum):
                     idx, batch = feed.next()
                     batch = to_device(batch, self.device)
                     if prof is not None:
                         prof.lap("batch")
-                    with autocast_context(self.device, self.amp):
-                        loss, logs = loss_fn(self.model, batch)
-                    self.scaler.scale(loss.float() / p.grad_accum).backward()
+                    if not dist:
+                        with autocast_context(self.device, self.amp):
+                            loss, logs = loss_fn(self.model, batch)
+                        self.scaler.scale(loss.float() / p.grad_accum).backward()
+                    else:
+                        # the gradients are averaged over the ranks in the last micro-batch's backward pass
+                        n_real = distributed.shard(idx, self.rank, self.world)[1]
+                        self.rank_examples = n_real
+                        self.batch_share = distributed.loss_weight(n_real, len(idx), self.world)
+                        w = self.batch_share if loss_scope == "mean" else float(n_real > 0)
+                        sync = micro == p.grad_accum - 1
+                        with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
+                            with autocast_context(self.device, self.amp):
+                                loss, logs = self._ddp(loss_fn, batch)
+                            loss = loss.float() * w
+                            self.scaler.scale(loss / p.grad_accum).backward()
                     if prof is not None:
                         prof.lap("forward_backward")
                     loss_sum += loss.detach().float()
@@ -822,7 +986,12 @@ class Trainer:
                         step_logs[k] = step_logs.get(k, 0.0) + v / p.grad_accum
                     n_seq += len(idx)
                 step_logs = {"loss": loss_sum / p.grad_accum, **step_logs}
+                for q in self.row_sparse:      # the label heads' gradients: the rows touched (DDP ignores them)
+                    self.row_exchange(q)
                 self.scaler.unscale_(self.optimizer)
+                # the stop after this step: SIGTERM seen (by any rank, with several processes: agreed before the
+                # step's end, so that every rank checkpoints and exits after the same step)
+                stopping = self._agree_on_stop() if dist else self._stop
                 if grads_ready is not None:
                     grads_ready(self.step + 1)
                 if p.max_grad_norm and p.max_grad_norm > 0:
@@ -841,8 +1010,8 @@ class Trainer:
                 last = self.step >= p.steps
                 log_now = self.step % p.log_every == 0 or last
                 ckpt_now = self.ckpt_dir is not None and (
-                    self._stop or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0))
-                if cuda and (log_now or ckpt_now or self._stop):
+                    stopping or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0))
+                if cuda and (log_now or ckpt_now or stopping):
                     # the only wait for the device: where a log line or a checkpoint needs the numbers
                     torch.cuda.synchronize(self.device)
                 dt = time.perf_counter() - t0
@@ -868,19 +1037,21 @@ class Trainer:
                                   self.epoch, logs["loss"],
                                   " ".join(f"{k} {v:.3g}" for k, v in logs.items() if k not in ("loss", "seq_per_s")),
                                   logs["seq_per_s"], eta)
-                    if self.on_step:
+                    if self.on_step and self.is_main:
                         self.on_step(self.step, logs)
                     acc, acc_n, win_t, win_seq = {}, 0, 0.0, 0
-                elif extra and self.on_step:
+                elif extra and self.on_step and self.is_main:
                     self.on_step(self.step, extra)
+                if not dist:
+                    stopping = self._stop         # one process: a SIGTERM during the hooks stops after this step
                 if self.ckpt_dir is not None and (
-                        self._stop or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0)):
+                        stopping or last or (p.checkpoint_every > 0 and self.step % p.checkpoint_every == 0)):
                     path = self.save_checkpoint()
-                    if self._stop:
+                    if stopping:
                         exc = Preempted(self.step, path)
                         self.log.warning("%s", exc)
                         raise exc
-                elif self._stop:
+                elif stopping:
                     exc = Preempted(self.step, "(no checkpoint folder)")
                     self.log.warning("%s", exc)
                     raise exc
@@ -888,13 +1059,27 @@ class Trainer:
                     prof.end()
         return self
 
+    def _agree_on_stop(self) -> bool:
+        """Whether every rank stops after this step: any rank got SIGTERM before it (one all-reduce of a flag,
+        on the CPU).  A signal that arrives after the all-reduce counts at the next step."""
+        flag = torch.tensor([1 if self._stop else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._flag_group)
+        stop = bool(int(flag.item()))
+        if stop and not self._stop:
+            self._stop = True
+            self.log.warning("another rank received SIGTERM: finishing step %d, then checkpoint and exit", self.step + 1)
+        return stop
+
     def _reduce_logs(self, acc: Mapping[str, list], n: int) -> tuple[dict[str, float], list[float]]:
         """The window's means of the per-step logs (``sum / n``, a key missing at a step counting 0) and
         its per-step losses, with one transfer from the device for all the tensors among them."""
         where = [(k, j) for k, vs in acc.items() for j, v in enumerate(vs) if isinstance(v, torch.Tensor)]
         vals = {k: list(vs) for k, vs in acc.items()}
         if where:
-            got = torch.stack([acc[k][j].reshape(()).double().to(self.device) for k, j in where]).cpu().tolist()
+            got = torch.stack([acc[k][j].reshape(()).double().to(self.device) for k, j in where])
+            if self.world > 1:     # the ranks' mean: the global batch's loss (each rank's weighted by its share)
+                got = distributed.all_reduce_mean(got)
+            got = got.cpu().tolist()
             for (k, j), v in zip(where, got):
                 vals[k][j] = v
         return {k: sum(vs) / n for k, vs in vals.items()}, vals.get("loss", [])

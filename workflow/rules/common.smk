@@ -39,6 +39,21 @@ except xcfg.ConfigError as e:
 PY = sys.executable
 
 
+def launch(section_of):
+    """A neural training rule's ``params.launch``: the interpreter, or torchrun with ``gpus`` processes per node
+    on ``nodes`` nodes (``section_of(wildcards)``: the rule's settings section; xmc_steps.launch)."""
+    from xmc_steps import launch as xlaunch
+
+    return lambda w: xlaunch.command(PY, section_of(w).get("gpus", 1), section_of(w).get("nodes", 1))
+
+
+def gpus(section_of):
+    """A neural training rule's ``gpu`` resource: the section's ``gpus`` (one per process on its node)."""
+    from xmc_steps import launch as xlaunch
+
+    return lambda w: xlaunch.gpus_of(section_of(w))
+
+
 def folder_of(kind, key=0):
     """A param that is the folder of one of the rule's files (``kind``: "input" or "output"; ``key``: its name
     or index; a list: its first file): derived from the file, not spelled twice (Snakemake's lint)."""

@@ -34,6 +34,7 @@ rule dual_encoder_train:
     log:
         "logs/dual_encoder_train/{dataset}-{enc}-{maxlen}.log",
     params:
+        launch=launch(lambda w: S(w)["dual_encoder"]),
         settings=PASS("dual_encoder_train", encoder=ENC, max_length=MAXLEN),
         hash=H("dual_encoder_train"),
         tokens_dir=lambda w: lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen),
@@ -42,12 +43,12 @@ rule dual_encoder_train:
     resources:
         mem_mb=res("dual_encoder_train", "mem_mb", 16000),
         runtime=res("dual_encoder_train", "runtime", 720),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["dual_encoder"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
         # one malloc arena: the batches' changing shapes fragment the default arenas (debtags: 7.5 GB peak, ~2 GB with one)
-        "MALLOC_ARENA_MAX=1 {PY:q} -m xmc_steps.stages.dual_encoder train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "MALLOC_ARENA_MAX=1 {params.launch} -m xmc_steps.stages.dual_encoder train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --label-table {input.labels:q} --linear-model {input.linear:q} "
         "--tfidf-valid {input.X:q} --out {params.out:q} --method dual-encoder --threads {threads} " + STAGE_ARGS
 

@@ -55,6 +55,7 @@ rule elias_stage1:
     log:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
+        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage1"]}),
         settings=elias_params(1),
         hash=H("elias_stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
@@ -63,11 +64,11 @@ rule elias_stage1:
     resources:
         mem_mb=res("elias_stage1", "mem_mb", 16000),
         runtime=res("elias_stage1", "runtime", 1440),
-        gpu=1,
+        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage1"]}),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.elias train --stage 1 --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "{params.launch} -m xmc_steps.stages.elias train --stage 1 --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --tree {input.tree:q} --out {params.out:q} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 
@@ -92,6 +93,7 @@ rule elias_stage2:
     log:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
+        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage2"]}),
         settings=elias_params(2),
         hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
@@ -101,11 +103,11 @@ rule elias_stage2:
     resources:
         mem_mb=res("elias_stage2", "mem_mb", 16000),
         runtime=res("elias_stage2", "runtime", 1440),
-        gpu=1,
+        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage2"]}),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.elias train --stage 2 --init {params.init:q} --tokens-dir {params.tokens_dir:q} "
+        "{params.launch} -m xmc_steps.stages.elias train --stage 2 --init {params.init:q} --tokens-dir {params.tokens_dir:q} "
         "--labels-train {input.Y[0]:q} --labels-valid {input.Y[1]:q} --out {params.out:q} " + GUARD_ARGS +
         "--method elias --threads {threads} " + STAGE_ARGS
 

@@ -45,6 +45,7 @@ rule gudn_train:
     log:
         "logs/gudn_train/{dataset}-{tree}-{enc}-{maxlen}-{guides}.log",
     params:
+        launch=launch(lambda w: S(w)["gudn"]["backbone"]),
         settings=PASS("gudn_train", feature_guide=GUIDE("feature_guide"), link_guide=GUIDE("link_guide"),
                       **{"backbone.encoder": ENC, "backbone.max_length": MAXLEN}),
         hash=H("gudn_train"),
@@ -55,11 +56,11 @@ rule gudn_train:
     resources:
         mem_mb=res("gudn_train", "mem_mb", 16000),
         runtime=res("gudn_train", "runtime", 1440),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["gudn"]["backbone"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.gudn train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "{params.launch} -m xmc_steps.stages.gudn train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --label-table {input.labels:q} --ingest-record {input.ingest:q} "
         "--label-texts-file {params.label_texts:q} --tree {input.tree:q} --out {params.out:q} "
         "--method gudn --threads {threads} " + STAGE_ARGS

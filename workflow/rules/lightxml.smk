@@ -29,6 +29,7 @@ rule lightxml_train:
     log:
         "logs/lightxml_train/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
     params:
+        launch=launch(lambda w: S(w)["lightxml"]),
         settings=PASS("lightxml_train", encoder=ENC, max_length=MAXLEN, negatives=lambda w: w.sampling,
                       **{"train.seed": lightxml_seed}),
         hash=H("lightxml_train"),
@@ -38,11 +39,11 @@ rule lightxml_train:
     resources:
         mem_mb=res("lightxml_train", "mem_mb", 16000),
         runtime=res("lightxml_train", "runtime", 1440),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["lightxml"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.lightxml train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "{params.launch} -m xmc_steps.stages.lightxml train --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --tree {input.tree:q} --out {params.out:q} "
         "--method lightxml --threads {threads} " + STAGE_ARGS
 

@@ -110,6 +110,7 @@ rule matcher:
     log:
         "logs/matcher/{dataset}-{emb}-{tree}-{enc}.log",
     params:
+        launch=launch(lambda w: S(w)["xtransformer"]["matcher"]),
         settings=PASS("matcher", encoder=ENC),
         hash=H("matcher"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
@@ -118,11 +119,11 @@ rule matcher:
     resources:
         mem_mb=res("matcher", "mem_mb", 16000),
         runtime=res("matcher", "runtime", 720),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["xtransformer"]["matcher"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
+        "{params.launch} -m xmc_steps.stages.matcher --tokens-dir {params.tokens_dir:q} --labels-train {input.Y[0]:q} "
         "--labels-valid {input.Y[1]:q} --cluster-assign {input.tree:q} --linear-clusters {input.linear:q} --out {params.out:q} "
         "--method xtransformer --threads {threads} " + STAGE_ARGS
 

@@ -143,6 +143,8 @@ def run_training(st, out: str | os.PathLike, params: DualEncoderParams, files: T
             trainer = train_dual_encoder(model, tokens["train"], Y_train, ltok, params, ckpt_dir, w, st.log,
                                          on_step, valid=(tokens["valid"], Y_valid))
         record_training(st, trainer)
+        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+            return
         with st.timed("label_emb"):
             label_emb = encode(model, ltok, params.eval_batch_size, trainer.device, params.amp, st.log.info)
             index = build_label_index(label_emb, params.search, params.exact_max_labels, params.train.seed)

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from .. import metrics, neural
+from .. import distributed, metrics, neural
 from ..baselines import most_frequent_top
 from ..guard import Advice
 from ..neural_stage import valid_subset
@@ -207,7 +207,7 @@ def train_dual_encoder(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmat
         return {"valid_recall": m["recall"], "valid_p_at_1": m["p_at_1"], "valid_p_at_5": m["p_at_5"]}
 
     fresh = trainer.step == 0 and trainer.resumed_from is None
-    if fresh and vt is not None:
+    if fresh and vt is not None and trainer.is_main:        # the curve: rank 0's, on the whole validation subset
         m0 = evaluate(0)
         box.start_valid.copy_(torch.tensor([m0["valid_recall"], m0["valid_p_at_1"], m0["valid_p_at_5"]],
                                            dtype=torch.float64))
@@ -221,8 +221,11 @@ def train_dual_encoder(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmat
             r = epoch - epoch % params.refresh_every              # the epoch whose start the clusters are of
             if int(box.cluster_epoch) != r:
                 t0 = time.perf_counter()
-                emb = encode(model, tokens, params.eval_batch_size, device, params.amp)
-                cl = balanced_clusters(emb, params.cluster_size, seed=[tp.seed, r])
+                cl = None
+                if trainer.is_main:      # with several processes rank 0 clusters and every rank takes its clusters
+                    emb = encode(model, tokens, params.eval_batch_size, device, params.amp)
+                    cl = balanced_clusters(emb, params.cluster_size, seed=[tp.seed, r])
+                cl = distributed.broadcast_object(cl)
                 box.clusters.copy_(torch.from_numpy(cl).to(box.clusters.device))
                 box.cluster_epoch.fill_(r)
                 log.info("ngame: epoch %d's batches from %d clusters of <= %d texts (the training texts re-encoded "
@@ -262,20 +265,29 @@ def train_dual_encoder(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmat
         else:
             pool, pids, pmask = b["pool"], b["pool_ids"], b["pool_mask"]
         le = net(pids, pmask)
+        if trainer.world > 1:
+            # every text against every label of the global batch: the ranks' pools gathered with their gradients
+            pool, le = distributed.gather_union(pool, le)
         pos = positive_mask(pool, b["rows"], b["labels"], e.shape[0])
         with torch.autocast(e.device.type, enabled=False):      # the cosines in fp32 (logits = cos / temperature)
             cos = e.float() @ le.float().T
         loss = pool_loss(cos, pos, params.loss, params.temperature, params.margin, params.triplet_negatives)
+        if trainer.world > 1:
+            # the mean over the global batch's texts with a positive: this rank's sum over the global count
+            # (times the world: DDP averages the ranks' gradients); a stand-in rank counts none
+            has = (pos.any(1).sum() if trainer.rank_examples else pos.new_zeros(())).to(torch.float32)
+            total = distributed.all_reduce_sum(has)
+            loss = loss * has * trainer.world / total.clamp(min=1)
         return loss, {"pool": float(pool.numel())}
 
     def step_end(step: int) -> dict[str, float] | None:
         if mining and step % refresh_steps == 0 and step < tp.steps:
             refresh_labels(step)
-        if vt is None or (step % params.eval_every and step != tp.steps):
+        if vt is None or not trainer.is_main or (step % params.eval_every and step != tp.steps):
             return None
         return evaluate(step)
 
-    trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
+    trainer.fit(loss_fn, n, batch_fn, step_end=step_end, loss_scope="global")
     start = box.start_valid.tolist()
     trainer.start_valid = ({"recall": start[0], "p_at_1": start[1], "p_at_5": start[2]} if start[0] >= 0 else None)
     return trainer

@@ -101,6 +101,8 @@ class EliasParams(Params):
     amp: Amp = "auto"               # training and inference
     device: str = "auto"
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
+    gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
+    nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
     threads: int | None = None
     topk: int = bounded(100, ge=1)  # prediction: labels written per document
     yhat_power: float = bounded(0.75, ge=0)  # prediction: p = sigmoid(w_l^T phi) yhat^power ranks the shortlist

@@ -279,6 +279,8 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
             trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                   valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
         record_training(st, trainer)
+        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+            return
         gw = guard_width(model.K, L)
 
         def valid_eval() -> tuple[dict[str, Any], dict[str, float]]:

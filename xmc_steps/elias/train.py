@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from .. import neural
+from .. import distributed, neural
 from ..neural_stage import valid_subset
 from ..trainer import Trainer, WeightAverage, digest, param_groups
 from .loss import elias_loss
@@ -154,8 +154,10 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
           "pooling": params.pooling, "data": digest(tokens.input_ids, tokens.lengths, Y.indptr, Y.indices),
           "A": digest(model.A_index.cpu().numpy())}
     fp.update(dict(fingerprint or {}))
+    # with several processes W_L's gradient goes through the rows the shortlists touched (distributed.RowExchange)
+    head = [model.wl] + ([model.wl_bias] if model.wl_bias is not None else [])
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp,
-                      lengths=tokens.lengths, device=params.device, amp=params.amp)
+                      lengths=tokens.lengths, device=params.device, amp=params.amp, row_sparse=head)
     _set_wl_trainable(model, trainer.step >= params.wl_delay_steps)
 
     vt, vY = valid_subset(valid if params.eval_every > 0 else None, params.eval_max_docs, tp.seed)
@@ -172,12 +174,15 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
 
     def step_end(step: int) -> dict[str, float] | None:
         if touched and (wl_acc is None or wl_acc.is_update_step(step)):
-            decay_touched_rows(model.wl, touched.pop("mask")[: model.n_labels], trainer, tp.weight_decay)
+            # the rows the global batch touched: every rank's shortlists (one all-reduce of L + 1 bytes)
+            rows = distributed.all_reduce_any(touched.pop("mask")) if trainer.world > 1 else touched.pop("mask")
+            decay_touched_rows(model.wl, rows[: model.n_labels], trainer, tp.weight_decay)
         if step == params.wl_delay_steps:
             _set_wl_trainable(model, True)
         if swa is not None and step > swa_start:
             swa.update(model)
-        if vt is None or (step % params.eval_every and step != tp.steps):
+        # with several processes rank 0 alone evaluates, on the whole subset (the others wait at the next step)
+        if vt is None or not trainer.is_main or (step % params.eval_every and step != tp.steps):
             return None
         return evaluate(step)
 
@@ -194,13 +199,16 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         ids, mask, rows, labels, max_pos = batch
         out = m.elias(ids, mask, rows, labels, max_pos=max_pos)
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
+        if trainer.world > 1:      # W_L's rows this step reaches: the shortlists' (the exchange sends those)
+            for q in head:
+                trainer.row_exchange.touch(q, out.labels)
         if decay_touched and model.wl.requires_grad:     # a device mask, no read back
             if "mask" not in touched:
                 touched["mask"] = torch.zeros(model.n_labels + 1, dtype=torch.bool, device=out.labels.device)
             mark_touched(touched["mask"], out.labels.detach())
         return loss, {"loss_c": lc, "loss_s": ls}   # tensors: read at the logging interval, no sync per step
 
-    if vt is not None and trainer.step == 0 and on_step is not None:   # the start, on a fresh run
+    if vt is not None and trainer.step == 0 and on_step is not None and trainer.is_main:   # the start, on a fresh run
         on_step(0, evaluate(0))
     trainer.fit(loss_fn, n, batch_fn, step_end=step_end, grads_ready=wl_acc)
     _set_wl_trainable(model, True)

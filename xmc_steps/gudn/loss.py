@@ -58,17 +58,23 @@ def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text
 
 def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor, rows: torch.Tensor,
                labels: torch.Tensor, params: GUDNParams, class_loss: torch.Tensor | None = None,
-               max_pos: int | None = None) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
+               max_pos: int | None = None, ranks: Any = None) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
     """``L_guide`` of Eq. 4 with the guides ``params`` switches on: the feature guide on the
     representations before dropout, weighted by :func:`balanced_weight` against ``class_loss`` (the
     text's classification loss of the step) when ``params.feature_weight`` is ``balanced``; the link
     guide is the backbone's own classification loss with the label features in place of the text's
     (through dropout, as the text's).  The logs are 0-d tensors (read at the trainer's logging
-    interval); ``max_pos``: see :meth:`~xmc_steps.lightxml.model.LightXMLModel.candidates`."""
+    interval); ``max_pos``: see :meth:`~xmc_steps.lightxml.model.LightXMLModel.candidates`.  ``ranks``, with
+    several processes (:meth:`~xmc_steps.lightxml.model.LightXMLModel.loss`): the rank's part of the global
+    batch's guide, the feature loss (a mean over the rank's texts) times its share, the link guide as the
+    backbone's; exact for the feature losses ``mean`` and ``paper`` without the balanced weight (``relative``'s
+    spread and the balanced weight are measured on the rank's texts)."""
     total = torch.zeros((), device=e_text.device)
     logs: dict[str, torch.Tensor] = {}
     if params.feature_guide:
         lf = feature_guide(e_text, e_label, params.feature_loss)
+        if ranks is not None:
+            lf = lf * ranks[0]
         logs["loss_feature"] = lf.detach()
         if params.feature_weight == "balanced":
             if class_loss is None:
@@ -78,7 +84,7 @@ def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor
             logs["feature_weight"] = w.detach()
         total = total + lf
     if params.link_guide:
-        ll, _, _ = model.loss(model.dropout(e_label), rows, labels, max_pos=max_pos)
+        ll, _, _ = model.loss(model.dropout(e_label), rows, labels, max_pos=max_pos, ranks=ranks)
         total = total + ll
         logs["loss_link"] = ll.detach()
     return total, logs
@@ -168,11 +174,12 @@ class GuideNetwork:
         return True
 
     def loss(self, model: LightXMLModel, e_text: torch.Tensor, e_tokens: torch.Tensor, rows: torch.Tensor,
-             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
+             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None, ranks: Any = None
              ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
-        """:func:`guide_loss` of a batch (``e_tokens``: its label sequences' features)."""
+        """:func:`guide_loss` of a batch (``e_tokens``: its label sequences' features; ``ranks``: see there)."""
         p = self.params if self.feature_on() or not self.params.feature_guide else self._off
-        return guide_loss(model, e_text, e_tokens, rows, labels, p, class_loss=class_loss, max_pos=max_pos)
+        return guide_loss(model, e_text, e_tokens, rows, labels, p, class_loss=class_loss, max_pos=max_pos,
+                          ranks=ranks)
 
     def describe(self) -> dict[str, Any]:
         """``{"gudn": the guide's parameters (the backbone's are the model's own), and, once started with

@@ -155,15 +155,22 @@ class LightXMLModel(nn.Module):
         return self.loss(e, pos_rows, pos_labels)
 
     def loss(self, e: torch.Tensor, pos_rows: torch.Tensor, pos_labels: torch.Tensor, top: torch.Tensor | None = None,
-             generator_only: bool = False, max_pos: int | None = None
+             generator_only: bool = False, max_pos: int | None = None,
+             ranks: tuple[float, Callable[[torch.Tensor], torch.Tensor]] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(L_g + L_d, L_g, L_d)``; ``top``: given candidate clusters (static negatives);
         ``generator_only``: ``L_g`` alone (the first phase of static negatives); ``max_pos``: see
-        :meth:`candidates`."""
+        :meth:`candidates`.  ``ranks``, with several processes: ``(share, candidates)``, this rank's share of
+        the global batch (:func:`xmc_steps.distributed.loss_weight`) and the global batch's real candidates per
+        rank given this rank's count; the losses are then this rank's part of the global batch's (``L_g``, a
+        mean over texts, times the share; ``L_d``, a mean over every real candidate of the global batch, the
+        rank's sum over that mean count), whose average over the ranks is the one process's loss."""
         g = self.generator(e).float()
         y_g = torch.zeros_like(g)
         y_g[pos_rows, pos_labels if self.flat else self.cluster_of[pos_labels]] = 1.0
         loss_g = F.binary_cross_entropy_with_logits(g, y_g)                   # Eq. 1 (mean over B x K)
+        if ranks is not None:
+            loss_g = loss_g * ranks[0]
         if self.flat or generator_only:
             return loss_g, loss_g.detach(), torch.zeros((), device=g.device)
         c = self.candidates(g, pos_rows, pos_labels, top, max_pos)
@@ -171,7 +178,8 @@ class LightXMLModel(nn.Module):
         valid = (c.labels >= 0).float()
         # Eq. 5, the mean over the real candidates (masked, not selected: no sync for the selection's size)
         per = F.binary_cross_entropy_with_logits(d, c.target.float(), reduction="none")
-        loss_d = (per * valid).sum() / valid.sum()
+        n_valid = valid.sum() if ranks is None else ranks[1](valid.sum())
+        loss_d = (per * valid).sum() / n_valid
         return loss_g + loss_d, loss_g.detach(), loss_d.detach()
 
     # -- prediction

@@ -161,6 +161,8 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
             trainer = train_lightxml(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                      valid=(tokens["valid"], Y_valid), guide=guide)
         record_training(st, trainer)
+        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+            return
         head = None
         if params.head_refit:
             with st.timed("head_refit"):

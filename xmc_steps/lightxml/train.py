@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from .. import metrics, neural
+from .. import distributed, metrics, neural
 from ..neural_stage import valid_subset
 from ..cluster_tree import assignment_matrix
 from .. import resources
@@ -214,13 +214,14 @@ class Guide(Protocol):
         ...
 
     def loss(self, model: LightXMLModel, e_text: torch.Tensor, e_tokens: torch.Tensor, rows: torch.Tensor,
-             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None
+             labels: torch.Tensor, class_loss: torch.Tensor, max_pos: int | None = None, ranks: Any = None
              ) -> tuple[torch.Tensor, Mapping[str, Any]]:
         """``(loss, logs)`` of a batch: ``e_text`` and ``e_tokens`` are the encoder's representations of
         the texts and of their second texts (``tokens``), ``rows, labels`` the positives
         (:func:`positive_pairs`), ``class_loss`` the texts' own classification loss of the step (a guide
-        may weigh itself against it), ``max_pos`` as for :meth:`LightXMLModel.candidates`.  The logs may
-        be 0-d tensors (read at the trainer's logging interval)."""
+        may weigh itself against it), ``max_pos`` as for :meth:`LightXMLModel.candidates`, ``ranks`` (given
+        with several processes only) as for :meth:`LightXMLModel.loss`: the guide's part of the global batch's
+        loss.  The logs may be 0-d tensors (read at the trainer's logging interval)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -295,15 +296,17 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         device = neural.resolve_device(params.device)
         model.to(device)
         linear_start(model, tokens, Y, params, device, log)
-        if valid is not None:
+        if valid is not None and distributed.rank_from_env() == 0:     # with several processes: rank 0's
             m0 = valid_metrics(model, valid[0], valid[1], params, device)
             box.start_valid.copy_(torch.tensor([m0["p_at_1"], m0["p_at_5"]], dtype=torch.float64))
             log.info("the linear start (step 0): valid P@1 %.4f, P@5 %.4f (%d documents)", m0["p_at_1"], m0["p_at_5"],
                      len(valid[0]))
             if on_step is not None:
                 on_step(0, {"valid_p_at_1": m0["p_at_1"], "valid_p_at_5": m0["p_at_5"]})
+    # with several processes the label embeddings' gradient goes through the candidates' rows (distributed.RowExchange)
     trainer = Trainer(box, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fp, lengths=tokens.lengths,
-                      device=params.device, amp=params.amp)
+                      device=params.device, amp=params.amp,
+                      row_sparse=[] if model.flat else [model.label_emb.weight])
     if guide_start:   # measured once, at the start; a resumed run keeps its checkpoint's
         kept = float(box.guide_state[0])
         box.guide_state.fill_(guide.start(model, tokens, Y, trainer.device, log, None if np.isnan(kept) else kept))
@@ -324,7 +327,8 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
             draw()
         if swa is not None and step >= swa_first and (step - swa_first) % swa_every == 0:
             swa.update(model)
-        if vt is None or (step % params.eval_every and step != tp.steps):
+        # with several processes rank 0 alone evaluates, on the whole subset (the others wait at the next step)
+        if vt is None or not trainer.is_main or (step % params.eval_every and step != tp.steps):
             return None
         m = valid_metrics(model, vt, vY, params, trainer.device)
         log.info("step %d: valid P@1 %.4f, P@5 %.4f (%d documents)", step, m["p_at_1"], m["p_at_5"], len(vt))
@@ -347,21 +351,27 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         net = m.lightxml
         raw = net.encoder(b["ids"], b["mask"])
         e = net.dropout(raw)
+        ranks = None
+        if trainer.world > 1:   # this rank's part of the global batch's loss (L_d: over its real candidates)
+            real = float(trainer.rank_examples > 0)
+            ranks = (trainer.batch_share, lambda c: distributed.all_reduce_sum(c * real) / trainer.world)
         if static_at is None:
-            loss, lg, ld = net.loss(e, b["rows"], b["labels"], max_pos=b["max_pos"])
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], max_pos=b["max_pos"], ranks=ranks)
         elif trainer.step < static_at:              # static, first phase: the generator alone
-            loss, lg, ld = net.loss(e, b["rows"], b["labels"], generator_only=True)
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], generator_only=True, ranks=ranks)
         else:                                       # static, second phase: the drawn clusters (a device gather)
-            loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=m.static_top[b["idx"]], max_pos=b["max_pos"])
+            loss, lg, ld = net.loss(e, b["rows"], b["labels"], top=m.static_top[b["idx"]], max_pos=b["max_pos"],
+                                    ranks=ranks)
         logs = {"loss_g": lg, "loss_d": ld}        # tensors: read at the logging interval, no sync per step
         if guide is not None:
+            # with several processes the guide's part of the global batch's loss (xmc_steps.gudn.loss.guide_loss)
             extra, more = guide.loss(net, raw, net.encoder(b["guide_ids"], b["guide_mask"]), b["rows"], b["labels"],
-                                     loss, max_pos=b["max_pos"])
+                                     loss, max_pos=b["max_pos"], **({"ranks": ranks} if ranks is not None else {}))
             loss = loss + extra
             logs.update(more)
         return loss, logs
 
-    trainer.fit(loss_fn, n, batch_fn, step_end=step_end)
+    trainer.fit(loss_fn, n, batch_fn, step_end=step_end, loss_scope="global")
     start = box.start_valid.tolist()
     trainer.start_valid = {"p_at_1": start[0], "p_at_5": start[1]} if start[0] >= 0 else None
     if swa is not None and int(swa.n) > 0:

@@ -269,7 +269,8 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
             vt, vM = neural.TokenData(vt.input_ids[sub], vt.lengths[sub]), vM[sub]
 
         def eval_fn(step: int) -> dict[str, float] | None:
-            if step % eval_every and step != tp.steps:
+            # with several processes rank 0 alone evaluates, on the whole subset (the others wait at the next step)
+            if (step % eval_every and step != tp.steps) or not trainer.is_main:
                 return None
             r = evaluate_clusters(model, vt, vM, b, params.eval_batch_size, trainer.device, params.amp)
             log.info("step %d: valid_cluster_p_at_1 %.4f, valid_cluster_recall_at_%d %.4f (%d documents)",
@@ -288,7 +289,7 @@ def train_matcher(tokens_train: neural.TokenData, M_train: sp.spmatrix, params: 
 
     trainer = Trainer(model, groups, tp, ckpt_dir, log=log, on_step=on_step, fingerprint=fingerprint,
                       lengths=tokens_train.lengths, device=trainer_device, amp=params.amp)
-    if eval_fn is not None and trainer.step == 0 and on_step is not None:
+    if eval_fn is not None and trainer.step == 0 and on_step is not None and trainer.is_main:
         on_step(0, eval_fn(0) or {})
 
     def batch_fn(idx: np.ndarray):

@@ -62,6 +62,8 @@ class MatcherParams(Params):
     amp: Amp = "auto"               # training and inference
     device: str = bounded("auto", schema=DEVICE)
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
+    gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
+    nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
     threads: int | None = bounded(None, setting=False)  # torch intra-op threads (None: torch's default)
 
     _moved = TRAIN_MOVED

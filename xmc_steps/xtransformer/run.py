@@ -124,6 +124,8 @@ def run_training(st, out: str | os.PathLike, params: MatcherParams, files: Train
             except OSError as e:
                 raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
         record_training(st, trainer)
+        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+            return
         st.metric("train_epochs", trainer.step * params.train.batch_size * params.train.grad_accum / max(len(tokens["train"]), 1))
 
         n_pred, t_pred = 0, 0.0
