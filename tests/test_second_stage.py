@@ -164,3 +164,15 @@ def test_an_ensemble_of_two_complementary_members_is_kept(tmp_path):
 
     _, choice = _ensemble_run(tmp_path, members(Yv), members(Yv), Yv, "both")
     assert choice["member"] is None and choice["chosen"].startswith("combined")
+
+
+def test_too_few_validation_documents_leave_the_fitted_combinations_out():
+    """A half of the validation rows without a positive candidate cannot fit a tree: auto keeps what it can
+    measure (the input among them); a forced tree says why it cannot be measured."""
+    cand, h, Y, freq = _problem("signal", n=6, seed=2)
+    Y = sp.csr_matrix(Y.shape, dtype=np.float32)
+    Y[0, cand.indices[0]] = 1                      # one positive: one half has none
+    c, choice = elias_plus.select(cand, h, Y, _params(), freq, "r", "s", LOG)
+    assert not any(n.startswith("fusion") for n in choice.table) and "ranker" in choice.table
+    with pytest.raises(StageError, match="cannot be measured out of fold on 6 validation documents"):
+        elias_plus.select(cand, h, Y, _params(combine="fusion"), freq, "the ranker", "s", LOG)

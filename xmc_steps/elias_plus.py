@@ -275,8 +275,17 @@ def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParam
         c = Combination(kind, beta=beta, depth=depth)
         if kind in ("calibrated", "fusion"):
             if (kind, depth) not in trees:
-                trees[(kind, depth)] = [fit_combination(kind, *_rows(cand, h, f), Y[f], p, train_freq, depth, beta)
-                                        for f in folds]
+                try:
+                    trees[(kind, depth)] = [fit_combination(kind, *_rows(cand, h, f), Y[f], p, train_freq, depth, beta)
+                                            for f in folds]
+                except StageError as e:    # a half without a positive (or a negative) candidate: too few documents
+                    trees[(kind, depth)] = None
+                    if p.combine == kind:
+                        raise StageError(f"{what}: {kind} cannot be measured out of fold on {n} validation documents "
+                                         f"({e})") from e
+                    log.warning("validation: %s not measured (%s); it is not a candidate", c.name, e)
+            if trees[(kind, depth)] is None:
+                continue
             parts = []
             for fit_on, score_on in ((0, 1), (1, 0)):
                 t = trees[(kind, depth)][fit_on]
