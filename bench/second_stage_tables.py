@@ -7,7 +7,9 @@ For each dataset of a results folder with a trained ``dual-encoder-ranker`` and 
   validation), and the row the validation split chose.  Valid columns: out of fold, as the fuse stage
   measured them (its record); test columns: the same combinations fit on all of validation, scored here
   through ``xmc_steps.elias_plus``'s functions, which the predict stage uses;
-- the ensemble with xr-linear: each member alone, the averages (weights 0.25-0.75), and the chosen row.
+- each ensemble (``--ensembles``; ``dual-encoder-ensemble``, with xr-linear, by default): each member alone, the
+  combinations (for two members the averages at weights 0.25-0.75), and the chosen row, from the choice its
+  stage saved (``ensemble.json``).
 
 Writes ``docs/second-stage.md`` (``--write``) and prints the tables::
 
@@ -28,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from xmc_steps import elias_plus, ensemble, io, layout, second_stage  # noqa: E402
 from xmc_steps.dual_encoder import spec as DES  # noqa: E402
+from xmc_steps.registry import METHODS, split_method  # noqa: E402
 from xmc_steps.elias_plus import EliasPlusParams  # noqa: E402
 from xmc_steps.ranker import ranker_features  # noqa: E402
 from xmc_steps.search import topk_per_row  # noqa: E402
 from xmc_steps.serving import Target  # noqa: E402
-from xmc_steps.xr_linear.spec import XR_LINEAR  # noqa: E402
 
 LOG = logging.getLogger("second_stage_tables")
 KEYS = second_stage.KEYS
@@ -87,32 +89,42 @@ def ranker_table(res: str, dataset: str) -> list[str]:
     return [f"### {dataset}: dual-encoder-ranker (chosen on validation: {record['chosen']})", "", HEAD, *rows, ""]
 
 
-def ensemble_table(res: str, dataset: str) -> list[str]:
-    t = Target.load(Path(res) / dataset / "dual-encoder-ensemble")
-    L = io.read_table(layout.at(res, layout.INGEST, dataset=dataset) + "/" + layout.LABELS, ["label_id"]).num_rows
-    pred = Path(DES.predictions(res, dataset, t.settings, "ensemble"))
+def ensemble_table(res: str, dataset: str, target: str) -> list[str]:
+    """An ensemble target's members alone and its combinations, from the choice its stage saved
+    (``ensemble.json``: the members' test tables, the method, the chosen row) and its record (the valid rows)."""
+    t = Target.load(Path(res) / dataset / target)
+    base, variant = split_method(target)
+    pred = Path(METHODS[base].predictions(res, dataset, t.settings, variant))
+    choice = io.read_json(pred.with_name("ensemble.json"))
     record = io.read_json(pred.with_name(layout.RECORD))["extra"]["second_stage"]
-    members = [io.read_predictions(DES.predictions(res, dataset, t.settings, None), L),
-               io.read_predictions(layout.at(res, XR_LINEAR, dataset=dataset) + "/" + layout.PREDICTIONS, L)]
+    L = io.read_table(layout.at(res, layout.INGEST, dataset=dataset) + "/" + layout.LABELS, ["label_id"]).num_rows
+    # the members' paths as the DAG wrote them: relative to its working folder, results/'s parent
+    members = [io.read_predictions(m if Path(m).is_absolute() else Path(res).resolve().parent / m, L)
+               for m in choice["members"]]
     Yt = io.load_csr(layout.at(res, layout.INGEST, dataset=dataset) + "/Y_test.npz")
-    method, topk = t.settings["dual_encoder"]["ensemble"], int(t.settings["evaluate"]["topk"])
-    names = ["dual-encoder", "xr-linear"]
+    names, method, topk = choice["names"], choice["method"], int(choice["topk"])
+    if not record.get("table"):
+        return [f"### {dataset}: {target} (not chosen on validation: {record.get('why')})", ""]
     rows = []
-    for name, weights, member in ensemble.candidates(2):
+    for name, weights, member in ensemble.candidates(len(members)):
         label = names[member] if member is not None else name
         P = topk_per_row(members[member], topk) if member is not None else ensemble.combine(members, method, topk, weights)
         test = second_stage.measure(P, Yt).figures
         rows.append(_row(label + (" (input: the best member)" if label == record["input"] else "")
                          + (" **chosen**" if label == record["chosen"] else ""), record["table"].get(label), test))
-    return [f"### {dataset}: dual-encoder-ensemble (chosen on validation: {record['chosen']})", "",
-            HEAD, *rows, "", "xr-linear's validation rows: its fit on the train split (the target's own fits on "
-            "train + valid).", ""]
+    note = {"dual-encoder-ensemble": "xr-linear's validation rows: its fit on the train split (the target's own "
+                                     "fits on train + valid)."}.get(target)
+    return [f"### {dataset}: {target} (chosen on validation: {record['chosen']})", "", HEAD, *rows, "",
+            *([note, ""] if note else [])]
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results")
     ap.add_argument("--datasets", nargs="+", required=True)
+    ap.add_argument("--ensembles", nargs="+", default=["dual-encoder-ensemble"],
+                    help="the ensemble targets to tabulate where a dataset has them (elias-ensemble, "
+                         "lightxml-ensemble, xtransformer-ensemble-indexing, ...)")
     ap.add_argument("--write", action="store_true", help="write docs/second-stage.md")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
@@ -123,7 +135,13 @@ def main(argv=None) -> None:
            "combinations fit on all of validation. Percent. The readings: "
            "[methods/second-stage.md](methods/second-stage.md).", ""]
     for d in args.datasets:
-        out += ranker_table(args.results, d) + ensemble_table(args.results, d)
+        for target in ["dual-encoder-ranker", *args.ensembles]:
+            if not Path(layout.at(args.results, layout.CONFIG, dataset=d, method=target)).exists():
+                LOG.warning("%s: no %s in %s", d, target, args.results)
+            elif target == "dual-encoder-ranker":
+                out += ranker_table(args.results, d)
+            else:
+                out += ensemble_table(args.results, d, target)
     text = "\n".join(out)
     print(text)
     if args.write:

@@ -115,6 +115,25 @@ def test_calibration_counts_label_frequency_on_the_training_labels_only(tmp_path
                                                       '"combine": "calibrated", "allow_weak": true}')
     meta = io.read_json(tmp_path / "cal40" / "calibration.json")
     assert meta["n_fit_docs"] == 40 and meta["n_fit"] == 5 * 40 and meta["max_depth"] is None
+    # --valid-out: every validation document scored by the kept combination without its labels: the 40
+    # calibration rows out of fold (their measured figures are the record's), the other 80 by the final fit
+    run("calibrate", "valid", "--labels", str(tmp_path / "Y_valid.npz"), "--model", str(tmp_path / "ranker"),
+        "--out", str(tmp_path / "cal40v"), "--valid-out", str(tmp_path / "valid40.parquet"),
+        "--params", '{"n_candidates": 5, "calibrate_docs": 40, "max_depth": null, "combine": "calibrated", '
+                    '"allow_weak": true}')
+    run("predict", "valid", "--model", str(tmp_path / "ranker"), "--calibration", str(tmp_path / "cal40v"),
+        "--out", str(tmp_path / "pred40.parquet"), "--params", '{"n_candidates": 5}')
+    V = io.read_predictions(tmp_path / "valid40.parquet", L)
+    final = io.read_predictions(tmp_path / "pred40.parquet", L)
+    rows = elias_plus.calibration_rows(n, 40, EliasPlusParams().seed)
+    rest = np.setdiff1d(np.arange(n), rows)
+    assert V.shape == (n, L) and np.all(np.diff(V.indptr) <= 5) and V.nnz > 4 * n   # (a zero score is not stored)
+    assert abs(V[rest] - final[rest]).max() < 1e-6
+    from xmc_steps import second_stage
+
+    record = io.read_json(tmp_path / "cal40v" / "calibration.json")["second_stage"]
+    assert second_stage.measure(V[rows], split["valid"][rows]).figures == pytest.approx(record["valid"]["chosen"])
+    assert abs(V[rows] - final[rows]).max() > 1e-6      # out of fold, not the fit that saw these rows
 
 
 def test_calibration_rows_are_a_seeded_sample():

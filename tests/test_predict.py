@@ -108,7 +108,7 @@ def test_linear_methods_answer_new_text_as_the_dag(toy_linear_run):
 @pytest.mark.slow
 def test_neural_methods_answer_new_text_as_the_dag(neural_toy_run):
     for t in ("xtransformer", "xtransformer-tfidf-tfn", "xtransformer-paper-candidates", "elias", "elias-ensemble",
-              "lightxml", "dual-encoder", "dual-encoder-ranker", "dual-encoder-ensemble"):
+              "lightxml", "lightxml-ensemble", "dual-encoder", "dual-encoder-ranker", "dual-encoder-ensemble"):
         _same_as_dag(neural_toy_run, t, exact=False)
 
 

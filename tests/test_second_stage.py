@@ -176,3 +176,26 @@ def test_too_few_validation_documents_leave_the_fitted_combinations_out():
     assert not any(n.startswith("fusion") for n in choice.table) and "ranker" in choice.table
     with pytest.raises(StageError, match="cannot be measured out of fold on 6 validation documents"):
         elias_plus.select(cand, h, Y, _params(combine="fusion"), freq, "the ranker", "s", LOG)
+
+
+@pytest.mark.slow
+def test_the_bench_tabulates_every_ensemble_of_a_results_folder(neural_toy_run):
+    """bench/second_stage_tables.py on the toy's neural run: each ensemble's members alone and combinations,
+    valid (the stage's record) and test columns, the chosen row marked, from the ``ensemble.json`` it saved."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "second_stage_tables.py"), "--results",
+                        str(neural_toy_run / "results"), "--datasets", "toy", "--ensembles", "elias-ensemble",
+                        "lightxml-ensemble", "dual-encoder-ensemble"], capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for target, members in (("elias-ensemble", ("seed 0", "seed 1")), ("lightxml-ensemble", ("minilm-s0", "minilm-s1")),
+                            ("dual-encoder-ensemble", ("dual-encoder", "xr-linear"))):
+        block = r.stdout.split(f"### toy: {target} (chosen on validation: ", 1)[1].split("###", 1)[0]
+        rows = [ln for ln in block.splitlines() if ln.startswith("| ") and not ln.startswith("| row")]
+        assert len(rows) == 2 + 3 and sum("**chosen**" in ln for ln in rows) == 1, block   # 2 alone, 3 weights
+        assert all(any(ln.startswith(f"| {m}") for ln in rows) for m in members), block
+        assert all("-" not in ln.split("|")[2] for ln in rows), block        # every row measured on validation
+    assert "### toy: dual-encoder-ranker" in r.stdout

@@ -234,6 +234,13 @@ def test_wiki500k_elias_paper_plan_has_gpu_training_rules(tmp_path):
         assert rule in by_rule, rule
     assert len(by_rule["elias_stage1"]) == 3 and len(by_rule["elias_stage2"]) == 3     # 3 clustering seeds
     assert len(by_rule["matcher"]) == 9                                                 # 3 indexings x 3 encoders
+    # the ensembles choose on validation: each X-Transformer member's rankers fit on train score it (the members'
+    # own fit on train + valid), each ELIAS++ seed is scored there out of fold by its calibrate stage
+    assert len(by_rule["xtransformer_valid_ranker"]) == 9 and len(by_rule["xtransformer_valid_predict"]) == 9
+    assert all("/valid/model" in blk and "X_train.npz" in blk for blk in by_rule["xtransformer_valid_ranker"])
+    assert all("--valid-predictions" in blk for rule in ("elias_ensemble", "xtransformer_ensemble")
+               for blk in by_rule[rule])
+    assert all("--valid-out" in blk for blk in by_rule["elias_plus_calibrate"])
     for rule in ("elias_stage1", "elias_stage2", "elias_predict", "matcher", "embed_pretrained"):
         assert all("gpu=1" in blk for blk in by_rule[rule]), rule
     assert "tree-b16-l123-s2" in out and "bert_base-128" in out and "/xlnet_large/matcher" in out
@@ -265,6 +272,10 @@ def test_wiki500k_lightxml_paper_plan_has_gpu_training_rules(tmp_path):
     assert trains == ["tree-b2-l60-s0/bert_base-128/dynamic", "tree-b2-l60-s0/bert_base-128/static",
                       "tree-b2-l60-s1/bert_base-128/dynamic", "tree-b2-l60-s2/bert_base-128/dynamic"]
     assert all("gpu=1" in blk for rule in ("lightxml_train", "lightxml_predict") for blk in by_rule[rule])
+    # the paper's members train on train + valid (train.fit_valid): the ensemble is not chosen on validation, and
+    # its record says why
+    assert "lightxml_valid_predict" not in by_rule
+    assert "--unmeasured" in by_rule["lightxml_ensemble"][0] and "--valid-predictions" not in by_rule["lightxml_ensemble"][0]
     train = next(b for b in by_rule["lightxml_train"] if "tree-b2-l60-s0/bert_base-128/dynamic" in b)
     assert "index/pifa-tfidf/tree-b2-l60-s0.npz" in train and "lightxml/tree-b2-l60-s0/bert_base-128" in train
     params = json.loads(train.split("--params '", 1)[1].split("'", 1)[0])
@@ -330,13 +341,16 @@ NEURAL_TINY = {
         # epochs of 27 batches (GUDN too): the floor of 80 below holds from two (LightXML 95.0, GUDN 86.7)
         "head_init": "random", "discriminator_init": "random", "lr_generator": None,
         "train": {"epochs": 3, "batch_size": 8, "lr": 3.0e-4, "checkpoint_every": 50},
+        # lightxml-ensemble: the single model (seed 0) and one more clustering
+        "ensemble": {"encoders": ["minilm"], "seeds": [0, 1], "method": "average"},
     },
 }
 
 
 NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfidf-tfn.json",
                   "results/toy/xtransformer-paper-candidates.json", "results/toy/elias.json",
-                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json", "results/toy/gudn.json",
+                  "results/toy/elias-ensemble.json", "results/toy/lightxml.json",
+                  "results/toy/lightxml-ensemble.json", "results/toy/gudn.json",
                   "results/toy/dual-encoder.json", "results/toy/dual-encoder-ranker.json",
                   "results/toy/dual-encoder-ensemble.json"]
 
@@ -378,6 +392,15 @@ def test_neural_targets_end_to_end_with_minilm(neural_toy_run):
     ens = json.loads((tmp_path / "results/toy/elias-ensemble.json").read_text())
     assert sum(s["rule"] == "elias_stage2" for s in ens["stages"]) == 2          # one model per clustering seed
     assert any(s["rule"] == "elias_ensemble" for s in ens["stages"])
+    # every ensemble chose on validation, among each member alone and the combination (the members' validation
+    # tables: ELIAS++'s out of fold from its calibrate stage, LightXML's from its model fit on train)
+    for t, rule in (("elias-ensemble", "elias_ensemble"), ("lightxml-ensemble", "lightxml_ensemble"),
+                    ("dual-encoder-ensemble", "dual_encoder_ensemble")):
+        res = json.loads((tmp_path / f"results/toy/{t}.json").read_text())
+        check = next(c for c in res["second_stages"] if c["rule"] == rule)
+        assert check.get("measured", True) and {"input", "chosen"} <= set(check["valid"]), (t, check)
+        assert {"lightxml-ensemble": "lightxml_valid_predict", "elias-ensemble": "elias_plus_calibrate"}.get(
+            t, "dual_encoder_predict") in {s["rule"] for s in res["stages"]}, t
     # the variants and the validation table share one matcher: trained once
     assert len(list((tmp_path / "logs" / "matcher").glob("*.log"))) == 1
     # the validation table: every candidate set x combiner, rankers fit on train

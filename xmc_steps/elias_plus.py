@@ -248,19 +248,20 @@ def configurations(p: EliasPlusParams) -> list[tuple[str, int | None, float | No
     return out
 
 
-def _rows(cand: sp.csr_matrix, h: np.ndarray, rows: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
+def candidate_rows(cand: sp.csr_matrix, h: np.ndarray, rows: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
     """``cand``'s ``rows`` and their margins (kept aligned)."""
     H = sp.csr_matrix((np.asarray(h, dtype=np.float64), cand.indices, cand.indptr), shape=cand.shape)[rows]
     return cand[rows], H.data
 
 
 def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParams, train_freq: np.ndarray,
-           what: str, section: str, log) -> tuple[Combination, "Choice"]:
+           what: str, section: str, log, out_of_fold: dict | None = None) -> tuple[Combination, "Choice"]:
     """The combination the calibrate stage keeps, chosen on the validation rows given (``cand``, ``h``, ``Y``):
     every :func:`configurations` entry scored out of fold (two seeded halves of the rows, each scored by
     the trees fit on the other), measured (:mod:`xmc_steps.second_stage`), the best kept by
     :func:`~xmc_steps.second_stage.choose` (or ``combine`` when forced, checked against the input), then
-    re-fit on all the rows."""
+    re-fit on all the rows.  ``out_of_fold`` (a dict): receives ``"scores"``, the kept combination's
+    out-of-fold top-``topk`` scores of these rows (what an ensemble of such models chooses on)."""
     from . import second_stage
 
     cand = sp.csr_matrix(cand)
@@ -270,13 +271,13 @@ def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParam
     folds = [np.where(half)[0], np.where(~half)[0]]
     back = np.argsort(np.concatenate([folds[1], folds[0]]))
     trees: dict[tuple[str, int | None], list[Combination]] = {}
-    rankings, fitted = {}, {}
+    rankings, fitted, ranked = {}, {}, {}
     for kind, depth, beta in configurations(p):
         c = Combination(kind, beta=beta, depth=depth)
         if kind in ("calibrated", "fusion"):
             if (kind, depth) not in trees:
                 try:
-                    trees[(kind, depth)] = [fit_combination(kind, *_rows(cand, h, f), Y[f], p, train_freq, depth, beta)
+                    trees[(kind, depth)] = [fit_combination(kind, *candidate_rows(cand, h, f), Y[f], p, train_freq, depth, beta)
                                             for f in folds]
                 except StageError as e:    # a half without a positive (or a negative) candidate: too few documents
                     trees[(kind, depth)] = None
@@ -289,12 +290,13 @@ def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParam
             parts = []
             for fit_on, score_on in ((0, 1), (1, 0)):
                 t = trees[(kind, depth)][fit_on]
-                parts.append(combination_scores(Combination(kind, t.tree, beta, depth), *_rows(cand, h, folds[score_on]),
+                parts.append(combination_scores(Combination(kind, t.tree, beta, depth), *candidate_rows(cand, h, folds[score_on]),
                                                 p, train_freq))
             scores = sp.vstack(parts, format="csr")[back]
         else:
             scores = combination_scores(c, cand, h, p, train_freq)
-        rankings[c.name] = second_stage.measure(topk_per_row(scores, p.topk), Y)
+        ranked[c.name] = topk_per_row(scores, p.topk)
+        rankings[c.name] = second_stage.measure(ranked[c.name], Y)
         fitted[c.name] = (kind, depth, beta)
         log.info("validation (out of fold) %s: %s", c.name,
                  ", ".join(f"{k} {v:.2f}" for k, v in rankings[c.name].figures.items()))
@@ -306,6 +308,8 @@ def select(cand: sp.csr_matrix, h: np.ndarray, Y: sp.spmatrix, p: EliasPlusParam
         second_stage.forced_check(choice, what, section, p.allow_weak, log)
     kind, depth, beta = fitted[choice.chosen]
     log.info("%s", choice.summary())
+    if out_of_fold is not None:
+        out_of_fold["scores"] = ranked[choice.chosen]
     return fit_combination(kind, cand, h, Y, p, train_freq, depth, beta), choice
 
 

@@ -27,7 +27,8 @@ import scipy.sparse as sp
 from . import io, layout, proc, registry
 
 __all__ = ["PredictError", "Target", "Features", "read_texts", "predict_scores", "top_labels", "answers",
-           "write_jsonl", "write_parquet", "read_ids", "cached", "ensemble_of"]
+           "write_jsonl", "write_parquet", "read_ids", "cached", "ensemble_of",
+           "ensemble_choice"]
 
 log = logging.getLogger("xmc_steps.serving")
 
@@ -181,6 +182,14 @@ def _tokenizer(name: str):
     from . import encoders
 
     return cached(("tokenizer", name), lambda: encoders.load_tokenizer(name))
+
+
+def ensemble_choice(target: "Target", predictions: str | Path) -> dict[str, Any]:
+    """The validation choice an ensemble stage saved beside its ``predictions`` (``ensemble.json``: a member
+    alone, or the combination's weights), which serving applies as the stage did."""
+    path = Path(predictions).with_name("ensemble.json")
+    target.need(path)
+    return io.read_json(path)
 
 
 def ensemble_of(members: list[sp.csr_matrix], method: str, topk: int,

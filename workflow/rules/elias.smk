@@ -185,6 +185,7 @@ rule elias_plus_calibrate:
         cand=R(ES.ELIAS_STAGE, stage=2) + "/pred_valid.parquet",
     output:
         model=directory(R(ES.ELIAS_PLUS) + "/calibration"),
+        valid=R(ES.ELIAS_PLUS) + "/pred_valid.parquet",
         record=R(ES.ELIAS_PLUS) + "/" + lay.record("calibration"),
     log:
         "logs/elias_plus_calibrate/{dataset}-{tree}-{enc}-{maxlen}.log",
@@ -199,7 +200,8 @@ rule elias_plus_calibrate:
         "../../envs/cpu.yaml"
     shell:
         "{PY:q} -m xmc_steps.stages.elias_plus calibrate --model {input.model:q} --tfidf {input.X:q} --emb {input.emb:q} "
-        "--labels {input.Y:q} --candidates {input.cand:q} --out {output.model:q} --method elias " + STAGE_ARGS
+        "--labels {input.Y:q} --candidates {input.cand:q} --out {output.model:q} --valid-out {output.valid:q} "
+        "--method elias " + STAGE_ARGS
 
 
 rule elias_plus_predict:
@@ -237,19 +239,26 @@ def elias_variant(w):
 
 
 rule elias_ensemble:
-    """Ensemble of ELIAS++ models over different initial clusterings (the paper's 3x)."""
+    """Ensemble of ELIAS++ models over different initial clusterings (the paper's 3x): each seed alone or the
+    combination, the best on the validation split (each seed's ELIAS++ scored there out of fold by its
+    calibrate stage; xmc_steps.stages.ensemble)."""
     input:
         members=lambda w: [ES.elias_dir(RES, w.dataset, S(w), seed) + "/plus/predictions_test_calibrated.parquet"
                            for seed in ES.elias_seeds(S(w), elias_variant(w))],
+        valid=lambda w: [ES.elias_dir(RES, w.dataset, S(w), seed) + "/plus/pred_valid.parquet"
+                         for seed in ES.elias_seeds(S(w), elias_variant(w))],
+        Y=R(lay.INGEST) + "/Y_valid.npz",
         labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
         predictions=R(ES.ELIAS_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        choice=R(ES.ELIAS_ENSEMBLE) + "/ensemble.json",
         record=R(ES.ELIAS_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:
         settings=lambda w: json.dumps({"method": S(w)["elias"]["ensemble"], "topk": S(w)["evaluate"]["topk"]}),
         hash=H("elias_ensemble"),
+        names=lambda w: [f"seed {seed}" for seed in ES.elias_seeds(S(w), elias_variant(w))],
     threads: 1
     resources:
         mem_mb=res("elias_ensemble", "mem_mb", 8000),
@@ -257,5 +266,6 @@ rule elias_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
-        "--out {output.predictions:q} --method elias " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --names {params.names:q} "
+        "--valid-predictions {input.valid:q} --valid-labels {input.Y:q} --choice-out {output.choice:q} "
+        "--label-table {input.labels:q} --out {output.predictions:q} --method elias " + STAGE_ARGS

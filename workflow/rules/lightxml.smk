@@ -74,14 +74,46 @@ rule lightxml_predict:
         "--out {output.predictions:q} --method lightxml --threads {threads} " + STAGE_ARGS
 
 
+rule lightxml_valid_predict:
+    """Top-k LightXML predictions of the validation split (the model trains on train alone, unless
+    ``train.fit_valid``): what lightxml-ensemble chooses its combination on."""
+    input:
+        model=rules.lightxml_train.output.model,
+        tokens=lambda w: f"{lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)}/tokens_valid.npz",
+    output:
+        predictions=R(LXS.LIGHTXML) + "/pred_valid.parquet",
+        record=R(LXS.LIGHTXML) + "/" + lay.record("pred_valid"),
+    log:
+        "logs/lightxml_valid_predict/{dataset}-{tree}-{enc}-{maxlen}-{sampling}.log",
+    params:
+        settings=PASS("lightxml_valid_predict", encoder=ENC, max_length=MAXLEN),
+        hash=H("lightxml_valid_predict"),
+        model=folder_of("input", "model"),
+    threads: threads_of
+    resources:
+        mem_mb=res("lightxml_valid_predict", "mem_mb", 16000),
+        runtime=res("lightxml_valid_predict", "runtime", 240),
+        gpu=1,
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "--out {output.predictions:q} --method lightxml --threads {threads} " + STAGE_ARGS
+
+
 rule lightxml_ensemble:
-    """Ensemble of LightXML models (the paper: three encoders on small label sets, three clusterings on large)."""
+    """Ensemble of LightXML models (the paper: three encoders on small label sets, three clusterings on large):
+    each member alone or the combination, the best on the validation split (xmc_steps.stages.ensemble), where
+    the members did not train on it (``train.fit_valid``: the paper's combination, not measured)."""
     input:
         members=lambda w: [m.dir(RES, w.dataset) + "/" + lay.PREDICTIONS
                            for m in LXS.lightxml_members(S(w), w.variant)],
+        valid=lambda w: LXS.valid_predictions(RES, w.dataset, S(w), w.variant),
+        Y=R(lay.INGEST) + "/Y_valid.npz",
         labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
         predictions=R(LXS.LIGHTXML_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        choice=R(LXS.LIGHTXML_ENSEMBLE) + "/ensemble.json",
         record=R(LXS.LIGHTXML_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/lightxml_ensemble/{dataset}-{variant}.log",
@@ -89,6 +121,9 @@ rule lightxml_ensemble:
         settings=lambda w: json.dumps({"method": S(w)["lightxml"]["ensemble"]["method"],
                                        "topk": S(w)["evaluate"]["topk"]}),
         hash=H("lightxml_ensemble"),
+        names=lambda w: [m.name for m in LXS.lightxml_members(S(w), w.variant)],
+        valid=lambda w, input: (["--valid-predictions", *input.valid, "--valid-labels", input.Y] if input.valid else
+                                ["--unmeasured", "the members train on the validation split (lightxml.train.fit_valid)"]),
     threads: 1
     resources:
         mem_mb=res("lightxml_ensemble", "mem_mb", 8000),
@@ -96,5 +131,6 @@ rule lightxml_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
-        "--out {output.predictions:q} --method lightxml " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --names {params.names:q} {params.valid:q} "
+        "--choice-out {output.choice:q} --label-table {input.labels:q} --out {output.predictions:q} --method lightxml "
+        + STAGE_ARGS

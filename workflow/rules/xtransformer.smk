@@ -204,6 +204,73 @@ rule xtransformer_predict:
         "--method xtransformer " + STAGE_ARGS
 
 
+rule xtransformer_valid_ranker:
+    """The member's rankers fit on the train split alone (xtransformer_ranker's settings; its own fit adds
+    valid): they score the validation split an ensemble chooses on."""
+    input:
+        X=R(lay.TFIDF) + "/X_train.npz",
+        Y=R(lay.INGEST) + "/Y_train.npz",
+        emb=R(XTS.XT_MATCHER) + "/emb_train.npz",
+        clusters=R(XTS.XT_MATCHER) + "/clusters_train.npz",
+        linear=R(XTS.XT_LINEAR, fit="train") + "/clusters_train.npz",
+        tree=R(lay.TREE) + ".npz",
+        guard=R(XTS.XT_MATCHER) + "/" + lay.GUARD,
+    output:
+        model=directory(R(XTS.XT_RANKER_VALID) + "/model"),
+        record=R(XTS.XT_RANKER_VALID) + "/" + lay.record("train"),
+    log:
+        "logs/xtransformer_valid_ranker/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}.log",
+    params:
+        settings=PASS("xtransformer_valid_ranker", ranker_input=lambda w: w.rin, negatives=lambda w: w.neg,
+                      candidates=lambda w: w.cand),
+        hash=H("xtransformer_valid_ranker"),
+        emb=lambda w, input: ["--emb", input.emb] if w.rin == "tfidf+neural" else [],
+    threads: threads_of
+    resources:
+        mem_mb=res("xtransformer_valid_ranker", "mem_mb", 16000),
+        runtime=res("xtransformer_valid_ranker", "runtime", 240),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.xtransformer train --tfidf {input.X:q} {params.emb:q} --labels {input.Y:q} "
+        "--clusters {input.clusters:q} --linear {input.linear:q} --tree {input.tree:q} --guard {input.guard:q} "
+        "--out {output.model:q} --method xtransformer --threads {threads} " + STAGE_ARGS
+
+
+def xt_valid_model(w):
+    """The rankers that score the member's validation split (XTMember.valid_ranker_dir)."""
+    return XTS.XTMember(w.emb, w.tree, w.enc, w.rin, w.neg, w.cand, w.comb).valid_ranker_dir(RES, w.dataset, S(w)) + "/model"
+
+
+rule xtransformer_valid_predict:
+    """Eq. 2 on the validation split, with rankers and a linear tree that did not fit on it."""
+    input:
+        model=xt_valid_model,
+        matcher=R(XTS.XT_MATCHER) + "/" + lay.WEIGHTS,
+        X=R(lay.TFIDF) + "/X_valid.npz",
+        emb=R(XTS.XT_MATCHER) + "/emb_valid.npz",
+        clusters=R(XTS.XT_MATCHER) + "/clusters_valid.npz",
+        linear=R(XTS.XT_LINEAR, fit="train") + "/clusters_valid.npz",
+    output:
+        predictions=R(XTS.XT_PREDICT) + "/pred_valid.parquet",
+        record=R(XTS.XT_PREDICT) + "/" + lay.record("pred_valid"),
+    log:
+        "logs/xtransformer_valid_predict/{dataset}-{emb}-{tree}-{enc}-{rin}-{neg}-{cand}-{comb}.log",
+    params:
+        settings=PASS("xtransformer_valid_predict", candidates=lambda w: w.cand, combiner=lambda w: w.comb),
+        hash=H("xtransformer_valid_predict"),
+    threads: 1
+    resources:
+        mem_mb=res("xtransformer_valid_predict", "mem_mb", 8000),
+        runtime=res("xtransformer_valid_predict", "runtime", 60),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{PY:q} -m xmc_steps.stages.xtransformer predict --model {input.model:q} --matcher-model {input.matcher:q} "
+        "--tfidf {input.X:q} --emb {input.emb:q} --clusters {input.clusters:q} --linear {input.linear:q} --out {output.predictions:q} "
+        "--method xtransformer " + STAGE_ARGS
+
+
 rule xtransformer_select:
     """The validation table the prediction defaults are chosen from: rankers fit on train, every
     candidate set (matcher, linear tree, union) x combiner (Eq. 2's sigma) scored on valid."""
@@ -251,13 +318,18 @@ def xt_variant(w):
 
 
 rule xtransformer_ensemble:
-    """Ensemble over indexings and encoders (Table 5 rows 7-9)."""
+    """Ensemble over indexings and encoders (Table 5 rows 7-9): each member alone or the combination, the best
+    on the validation split (each member's rankers fit on train there; xmc_steps.stages.ensemble)."""
     input:
         members=lambda w: [f"{m.predict_dir(RES, w.dataset)}/{lay.PREDICTIONS}"
                            for m in XTS.xt_members(S(w), xt_variant(w))],
+        valid=lambda w: [f"{m.predict_dir(RES, w.dataset)}/pred_valid.parquet"
+                         for m in XTS.xt_members(S(w), xt_variant(w))],
+        Y=R(lay.INGEST) + "/Y_valid.npz",
         labels=R(lay.INGEST) + "/" + lay.LABELS,
     output:
         predictions=R(XTS.XT_ENSEMBLE) + "/" + lay.PREDICTIONS,
+        choice=R(XTS.XT_ENSEMBLE) + "/ensemble.json",
         record=R(XTS.XT_ENSEMBLE) + "/" + lay.RECORD,
     log:
         "logs/xtransformer_ensemble/{dataset}-{variant}.log",
@@ -265,6 +337,7 @@ rule xtransformer_ensemble:
         settings=lambda w: json.dumps({"method": XTS.xt_spec(S(w), xt_variant(w))["ensemble"],
                                        "topk": S(w)["evaluate"]["topk"]}),
         hash=H("xtransformer_ensemble"),
+        names=lambda w: [m.name for m in XTS.xt_members(S(w), xt_variant(w))],
     threads: 1
     resources:
         mem_mb=res("xtransformer_ensemble", "mem_mb", 8000),
@@ -272,5 +345,6 @@ rule xtransformer_ensemble:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --label-table {input.labels:q} "
-        "--out {output.predictions:q} --method xtransformer " + STAGE_ARGS
+        "{PY:q} -m xmc_steps.stages.ensemble --predictions {input.members:q} --names {params.names:q} "
+        "--valid-predictions {input.valid:q} --valid-labels {input.Y:q} --choice-out {output.choice:q} "
+        "--label-table {input.labels:q} --out {output.predictions:q} --method xtransformer " + STAGE_ARGS

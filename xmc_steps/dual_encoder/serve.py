@@ -17,7 +17,7 @@ from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
 from ..prediction import SavedPredictParams
-from ..serving import Features, Target, cached, ensemble_of
+from ..serving import Features, Target, cached, ensemble_choice, ensemble_of
 from .params import DualEncoderParams, Search
 from .spec import DUAL_ENCODER_RANKER, model_dir, predictions
 
@@ -96,7 +96,6 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         from ..xr_linear.serve import scores as xr_linear_scores
 
         members = [_nearest(t, f, k100, device)[0], xr_linear_scores(t, None, f, k100, device)]
-        choice = Path(predictions(t.res, t.dataset, t.settings, "ensemble")).with_name("ensemble.json")
-        t.need(choice)
-        return ensemble_of(members, t.settings["dual_encoder"]["ensemble"], topk, io.read_json(choice))
+        return ensemble_of(members, t.settings["dual_encoder"]["ensemble"], topk,
+                           ensemble_choice(t, predictions(t.res, t.dataset, t.settings, "ensemble")))
     return _nearest(t, f, topk, device)[0]

@@ -22,9 +22,9 @@ from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
 from ..prediction import SavedPredictParams
-from ..serving import Features, Target, cached, ensemble_of
+from ..serving import Features, Target, cached, ensemble_choice, ensemble_of
 from .params import EliasParams
-from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds, predict_depth
+from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds, predict_depth, predictions
 
 META = "elias.json"
 
@@ -114,4 +114,6 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         out.append(elias_plus.predict(rdir, f.tfidf, r["emb"], r["scores"],
                                       {"topk": k100, "uncalibrated": el["plus"]["uncalibrated"]},
                                       cal if calibrated else None, ranker)[0])
-    return ensemble_of(out, el["ensemble"], topk)
+    seeds = elias_seeds(t.settings, variant)
+    choice = ensemble_choice(t, predictions(t.res, t.dataset, t.settings, variant)) if len(seeds) > 1 else None
+    return ensemble_of(out, el["ensemble"], topk, choice)

@@ -22,9 +22,9 @@ from .. import io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
 from ..prediction import SavedPredictParams
-from ..serving import Features, Target, cached, ensemble_of
+from ..serving import Features, Target, cached, ensemble_choice, ensemble_of
 from .params import LightXMLParams
-from .spec import lightxml_members
+from .spec import lightxml_members, predictions
 
 META = "lightxml.json"
 
@@ -80,5 +80,6 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
     members = lightxml_members(t.settings, variant)
     k = max(topk, int(t.settings["evaluate"]["topk"])) if len(members) > 1 else topk   # as the DAG's members
     net = t.settings["lightxml"]
+    choice = ensemble_choice(t, predictions(t.res, t.dataset, t.settings, variant)) if len(members) > 1 else None
     out = [network_scores(t, m.dir(t.res, t.dataset), net, f, k, device) for m in members]
-    return ensemble_of(out, net["ensemble"]["method"], topk)
+    return ensemble_of(out, net["ensemble"]["method"], topk, choice)

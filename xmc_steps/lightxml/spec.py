@@ -41,6 +41,11 @@ class LightXMLMember:
         return at(res, LIGHTXML, dataset=dataset, tree=self.tree, enc=self.enc, maxlen=self.maxlen,
                   sampling=self.sampling)
 
+    @property
+    def name(self) -> str:
+        """The member's name in an ensemble's record: ``{enc}-s{seed}``."""
+        return f"{self.enc}-s{self.seed}"
+
 
 def lightxml_tree(settings: Mapping[str, Any], seed: int | None = None, section: Mapping[str, Any] | None = None) -> str:
     """The tree whose finest level gives LightXML's clusters (or those of another network on its settings,
@@ -78,6 +83,14 @@ def predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: st
     return at(res, LIGHTXML_ENSEMBLE, dataset=dataset, variant=variant) + "/" + PREDICTIONS
 
 
+def valid_predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
+    """The members' validation predictions an ensemble chooses its combination on; none where the members
+    train on the validation split too (``lightxml.train.fit_valid``: they have seen its labels)."""
+    if settings["lightxml"]["train"].get("fit_valid"):
+        return []
+    return [f"{m.dir(res, dataset)}/pred_valid.parquet" for m in lightxml_members(settings, variant)]
+
+
 def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> list[str]:
     """Every stage record of a LightXML target (for its results file)."""
     members = lightxml_members(settings, variant)
@@ -87,6 +100,8 @@ def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | 
                 record(at(res, TREE, dataset=dataset, emb="pifa-tfidf", tree=m.tree)),
                 f"{m.dir(res, dataset)}/{RECORD}", f"{m.dir(res, dataset)}/{record('predict')}"]
     if len(members) > 1:
+        if valid_predictions(res, dataset, settings, variant):
+            out += [f"{m.dir(res, dataset)}/{record('pred_valid')}" for m in members]
         out.append(at(res, LIGHTXML_ENSEMBLE, dataset=dataset, variant=variant) + "/" + RECORD)
     return list(dict.fromkeys(out))
 
@@ -132,8 +147,10 @@ SPEC = MethodSpec(
     trees=trees,
     params=(("lightxml", "xmc_steps.lightxml.params:LightXMLParams", ()),),
     tree="xmc_steps.lightxml.params:LightXMLSection",
-    passes={"lightxml_train": [_MODEL], "lightxml_predict": [_MODEL, "evaluate.topk"]},
+    passes={"lightxml_train": [_MODEL], "lightxml_predict": [_MODEL, "evaluate.topk"],
+            "lightxml_valid_predict": [_MODEL, "evaluate.topk"]},
     rule_settings={"lightxml_train": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
                    "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],
+                   "lightxml_valid_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],
                    "lightxml_ensemble": TREE_SETTINGS + ["encoders", "lightxml", "evaluate.topk"]},
     patterns={"LIGHTXML": LIGHTXML, "LIGHTXML_ENSEMBLE": LIGHTXML_ENSEMBLE})

@@ -6,7 +6,8 @@ CLI::
     python -m xmc_steps.stages.elias_plus train --tfidf X_train.npz [..] --emb emb_train.npz [..] \\
         --labels Y_train.npz [..] --candidates elias_train.parquet [..] --out DIR --params JSON
     python -m xmc_steps.stages.elias_plus calibrate --model DIR --tfidf X_valid.npz --emb emb_valid.npz \\
-        --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL --params JSON
+        --labels Y_valid.npz --candidates elias_valid.parquet --out DIR_CAL [--valid-out pred_valid.parquet] \\
+        --params JSON
     python -m xmc_steps.stages.elias_plus predict --model DIR [--calibration DIR_CAL] --tfidf X_test.npz \\
         --emb emb_test.npz --candidates elias_test.parquet --out predictions.parquet --params JSON
 """
@@ -24,6 +25,7 @@ from .. import elias_plus, io
 from ..elias_plus import FORMAT, EliasPlusParams
 from ..errors import StageError
 from ..ranker import ranker_features
+from ..search import topk_per_row
 from ..stage import add_common_args, cli_main, stage_run
 
 
@@ -82,7 +84,7 @@ def _train_cli(args) -> None:
 
 def _calibrate_cli(args) -> None:
     out = Path(args.out)
-    with stage_run("elias_plus_calibrate", args, outputs=[str(out)]) as st:
+    with stage_run("elias_plus_calibrate", args, outputs=[str(out)] + ([args.valid_out] if args.valid_out else [])) as st:
         W, meta = elias_plus.load_ranker(args.model)
         p = EliasPlusParams.from_dict({**EliasPlusParams.upgrade(meta["params"]),
                                        **{k: v for k, v in st.params.items() if k in elias_plus.FIT_KEYS}})
@@ -90,6 +92,9 @@ def _calibrate_cli(args) -> None:
         Y = _stack_csr(args.labels)
         Xr, cand = _inputs(args, st, p, L)
         rows = elias_plus.calibration_rows(Xr.shape[0], p.calibrate_docs, p.seed)
+        freq = elias_plus.label_train_freq(args.model)
+        h_all = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias) if args.valid_out else None
+        cand_all = cand
         if rows is not None:
             st.log.info("calibration on %d of the %d validation documents (calibrate_docs, seed %d)",
                         len(rows), Xr.shape[0], p.seed)
@@ -98,8 +103,11 @@ def _calibrate_cli(args) -> None:
         h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
         what, section = {"dual-encoder": ("the dual encoder's ranker", "dual_encoder.ranker")}.get(
             args.method, ("ELIAS++'s ranker", "elias.plus"))
+        oof: dict = {}
         with st.timed("fit"):
-            c, choice = elias_plus.select(cand, h, Y, p, elias_plus.label_train_freq(args.model), what, section, st.log)
+            c, choice = elias_plus.select(cand, h, Y, p, freq, what, section, st.log, out_of_fold=oof)
+        if args.valid_out:
+            _write_valid(args.valid_out, st, c, cand_all, h_all, rows, oof["scores"], p, freq)
         record = choice.record()
         with io.atomic_dir(out) as tmp:
             elias_plus.save_combination(tmp, c, {"max_depth": p.max_depth, "calibrate_top": p.calibrate_top,
@@ -117,6 +125,20 @@ def _calibrate_cli(args) -> None:
         for side in ("input", "chosen"):
             for k, v in record["valid"][side].items():
                 st.metric(f"valid_{side}_{k}", v)
+
+
+def _write_valid(path: str, st, c, cand: sp.csr_matrix, h: np.ndarray, rows: np.ndarray | None,
+                 oof: sp.csr_matrix, p, freq: np.ndarray) -> None:
+    """Every validation document's scores under the kept combination, none scored by a fit that saw its
+    labels: the calibration's rows out of fold (:func:`elias_plus.select`), the others (``calibrate_docs``
+    left them out) by the combination fit on all the calibration's rows."""
+    P = sp.csr_matrix(oof)
+    if rows is not None:    # stacked, then put back in row order (explicit zero scores stay ranked)
+        rest = np.setdiff1d(np.arange(cand.shape[0]), rows)
+        R = topk_per_row(elias_plus.combination_scores(c, *elias_plus.candidate_rows(cand, h, rest), p, freq), p.topk)
+        P = sp.vstack([P, R], format="csr")[np.argsort(np.concatenate([rows, rest]))]
+    io.write_predictions(path, P, p.topk)
+    st.output("valid_predictions", path)
 
 
 def _predict_cli(args) -> None:
@@ -146,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             q.add_argument("--model", required=True)
         if name == "predict":
             q.add_argument("--calibration", default=None)
+        if name == "calibrate":
+            q.add_argument("--valid-out", default=None,
+                           help="a prediction table: every validation document scored by the kept combination out "
+                                "of fold (what an ensemble of these models chooses on)")
     args = ap.parse_args(argv)
     {"train": _train_cli, "calibrate": _calibrate_cli, "predict": _predict_cli}[args.cmd](args)
 

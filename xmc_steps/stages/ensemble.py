@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
                          "each member alone and the combination on validation (with --valid-labels)")
     ap.add_argument("--valid-labels", default=None, help="the validation split's labels (Y_valid.npz)")
     ap.add_argument("--choice-out", default=None, help="a JSON file for the choice (serving applies it)")
+    ap.add_argument("--unmeasured", default="the members' validation predictions are not part of this target",
+                    help="without --valid-predictions: why the combination was not chosen on validation (the record "
+                         "says it)")
     add_common_args(ap)
     args = ap.parse_args(argv)
     with stage_run("ensemble", args, outputs=[args.out]) as st:
@@ -73,8 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                 for k, v in choice.record()["valid"][side].items():
                     st.metric(f"valid_{side}_{k}", v)
         else:
-            st.extra["second_stage"] = {"measured": False,
-                                        "why": "the members' validation predictions are not part of this target"}
+            st.extra["second_stage"] = {"measured": False, "why": args.unmeasured}
         try:
             P = topk_per_row(members[member], topk) if member is not None else ensemble.combine(members, method, topk, weights)
         except ValueError as e:
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         io.write_predictions(args.out, P, topk)
         if args.choice_out:
             io.write_json(args.choice_out, {"method": method, "names": names, "weights": weights, "member": member,
-                                            "chosen": st.params.get("combine_chosen", "combined")})
+                                            "chosen": st.params.get("combine_chosen", "combined"),
+                                            "members": [str(p) for p in args.predictions], "topk": topk})
             st.output("choice", args.choice_out)
         st.metric("n_members", len(members))
         st.output("predictions", args.out)

@@ -9,11 +9,11 @@ import torch
 
 from .. import io, neural
 from ..layout import GUARD, WEIGHTS
-from ..serving import Features, Target, cached, ensemble_of
+from ..serving import Features, Target, cached, ensemble_choice, ensemble_of
 from ..xr_linear.model import XRLinearModel
 from . import ranker
 from .matcher import head_linear_topb, load_matcher, topb_from_emb
-from .spec import linear_model_dir, xt_members, xt_spec
+from .spec import linear_model_dir, predictions, xt_members, xt_spec
 
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
@@ -46,4 +46,5 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         over = {"topb": topb, "topk": k, "candidates": m.candidates, "combiner": m.combiner,
                 "transform": xt["ranker"]["transform"]}
         out.append(ranker.predict_model(rdir, f.tfidf, emb, head, top, lin_top, over, model)[0])
-    return ensemble_of(out, spec["ensemble"], topk)
+    choice = ensemble_choice(t, predictions(t.res, t.dataset, t.settings, variant)) if len(members) > 1 else None
+    return ensemble_of(out, spec["ensemble"], topk, choice)

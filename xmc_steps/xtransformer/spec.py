@@ -26,6 +26,9 @@ XT = XT_TREE + "/{enc}"
 XT_MATCHER = XT + "/matcher"
 XT_RANKER = XT + "/ranker-{rin}-{neg}-{cand}"
 XT_PREDICT = XT_RANKER + "/{comb}"
+#: the member's rankers fit on the train split alone, where ``xtransformer.fit_on`` adds valid: what its
+#: validation predictions (``XT_PREDICT/pred_valid.parquet``, an ensemble's choice) are scored with
+XT_RANKER_VALID = XT_RANKER + "/valid"
 XT_ENSEMBLE = "{dataset}/xtransformer/ensemble-{variant}"
 XT_SELECTION = "{dataset}/xtransformer-selection"
 
@@ -57,6 +60,18 @@ class XTMember:
 
     def predict_dir(self, res: str, dataset: str) -> str:
         return self._at(res, dataset, XT_PREDICT)
+
+    def valid_ranker_dir(self, res: str, dataset: str, settings: Mapping[str, Any]) -> str:
+        """The folder of the rankers that score the validation split: fit on train alone (the member's own
+        where ``xtransformer.fit_on`` is ``[train]``)."""
+        if list(settings["xtransformer"]["fit_on"]) == ["train"]:
+            return self.ranker_dir(res, dataset)
+        return self._at(res, dataset, XT_RANKER_VALID)
+
+    @property
+    def name(self) -> str:
+        """The member's name in an ensemble's record: ``{emb}/{enc}``."""
+        return f"{self.emb}/{self.enc}"
 
     def linear_dir(self, res: str, dataset: str, fit: str) -> str:
         """XR-Linear over this member's tree, fit on ``fit`` (``train`` or ``train+valid``)."""
@@ -138,6 +153,9 @@ def records(res: str, dataset: str, settings: Mapping[str, Any], variant: str | 
         out += [f"{m.matcher_dir(res, dataset)}/{RECORD}", f"{m.ranker_dir(res, dataset)}/{record('train')}",
                 f"{m.predict_dir(res, dataset)}/{record('predict')}"]
     if len(members) > 1:
+        for m in members:
+            out += [f"{m.valid_ranker_dir(res, dataset, settings)}/{record('train')}",
+                    f"{m.predict_dir(res, dataset)}/{record('pred_valid')}"]
         out.append(at(res, XT_ENSEMBLE, dataset=dataset, variant=variant or "main") + "/" + RECORD)
     return list(dict.fromkeys(out))
 
@@ -193,6 +211,8 @@ SPEC = MethodSpec(
         "matcher": TREE_SETTINGS + ["encoders.{enc}", "xtransformer.matcher"],
         "xtransformer_ranker": _XT + [("xtransformer.ranker", PREDICT_ONLY)],
         "xtransformer_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
+        "xtransformer_valid_ranker": _XT + [("xtransformer.ranker", PREDICT_ONLY)],
+        "xtransformer_valid_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
         "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer", "evaluate.topk"],
         "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer", "evaluate.topk"]},
     passes={"xtransformer_linear_train": ["xr_linear"],
@@ -200,7 +220,10 @@ SPEC = MethodSpec(
             # the member's ranker input, negatives and candidates are its path's (given by the rule)
             "xtransformer_ranker": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb"],
             "xtransformer_predict": [("xtransformer.ranker", TRAIN_ONLY), "xtransformer.matcher.topb", "evaluate.topk"],
+            "xtransformer_valid_ranker": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb"],
+            "xtransformer_valid_predict": [("xtransformer.ranker", TRAIN_ONLY), "xtransformer.matcher.topb",
+                                           "evaluate.topk"],
             "xtransformer_select": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb",
                                     "evaluate.topk"]},
     patterns={"XT_TREE": XT_TREE, "XT_LINEAR": XT_LINEAR, "XT": XT, "XT_MATCHER": XT_MATCHER, "XT_RANKER": XT_RANKER,
-              "XT_PREDICT": XT_PREDICT, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})
+              "XT_PREDICT": XT_PREDICT, "XT_RANKER_VALID": XT_RANKER_VALID, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})
