@@ -175,6 +175,60 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_checkpoint_and_the_rerun_re
     assert d == 0.0, f"the resumed run differs from the uninterrupted one by {d:.3g}"
 
 
+# --------------------------------------------------------------------------- prediction sharded over ranks
+
+
+def test_shard_batches_deal_the_one_process_batches_round_the_ranks():
+    """Every text in one rank's part, in the batch one process runs it in (the part's own pass forms those
+    batches again), the ranks' loads within a batch."""
+    from xmc_steps import neural
+    from xmc_steps.neural_stage import shard_batches
+
+    rng = np.random.default_rng(0)
+    for n, b, world in ((37, 4, 2), (10, 3, 4), (5, 8, 3), (64, 8, 8), (1, 4, 2)):
+        lengths = rng.integers(1, 6, n)                       # many ties of length
+        one = [list(x) for x in neural.iter_batches(neural.TokenData(np.zeros((n, 6)), lengths), b)]
+        parts = [shard_batches(lengths, b, r, world) for r in range(world)]
+        assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+        for r, part in enumerate(parts):
+            own = [list(part[x]) for x in neural.iter_batches(neural.TokenData(np.zeros((len(part), 6)),
+                                                                               lengths[part]), b)]
+            assert own == one[r::world]
+        assert max(map(len, parts)) - min(map(len, parts)) <= b
+
+
+def test_prediction_and_embedding_sharded_over_2_processes_equal_one_process(encoder, tmp_path):
+    """LightXML's predict stage (LightXML's and GUDN's rules) and the embed stage, run by 2 gloo processes under
+    torchrun (tests/ddp_predict.py: rank 0's rows gathered in messages of 3 texts), write what one process
+    writes, bit for bit: a text meets the same batch (neighbours, padded width) on its rank as in one process
+    (xmc_steps.neural_stage.sharded_inference), and the CPU's kernels are deterministic for a shape."""
+    import json
+
+    import ddp_predict
+
+    from xmc_steps import io
+
+    ddp_predict.make(str(tmp_path), encoder)
+    ddp_predict.run(str(tmp_path), "w1")
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "XMC_TRACKING": "0"}
+    e.pop("WORLD_SIZE", None)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(CASES.parent / "ddp_predict.py"), str(tmp_path)], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-6000:]
+    one = io.read_predictions(tmp_path / "w1" / "predictions.parquet", ddp_predict.L)
+    two = io.read_predictions(tmp_path / "w2" / "predictions.parquet", ddp_predict.L)
+    assert one.shape == (ddp_predict.N, ddp_predict.L) and one.nnz >= 3 * ddp_predict.N
+    assert np.array_equal(one.indptr, two.indptr) and np.array_equal(one.indices, two.indices)
+    assert np.array_equal(one.data, two.data)                                   # max difference 0
+    e1, e2 = (io.load_arrays(tmp_path / w / "emb_test.npz")["emb"] for w in ("w1", "w2"))
+    assert e1.shape == (ddp_predict.N, 32) and np.array_equal(e1, e2)
+    rec = json.loads((tmp_path / "w2" / "predict.json").read_text())
+    assert rec["extra"]["processes"] == 2
+    assert sorted(p.name for p in (tmp_path / "w2").iterdir()) == sorted(p.name for p in (tmp_path / "w1").iterdir())
+    assert "rank1" in r.stderr                                  # rank 1 predicted (its own log lines)
+
+
 # --------------------------------------------------------------------------- the stage harness under torchrun
 
 

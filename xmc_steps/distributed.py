@@ -37,7 +37,7 @@ import torch
 
 __all__ = ["init_from_env", "active", "rank", "world_size", "local_rank", "is_main", "per_rank_batch", "shard",
            "loss_weight", "gather_rows", "all_reduce_mean", "barrier", "broadcast_object", "all_gather_object",
-           "local_device", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "collective_timeout"]
+           "local_device", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "collective_timeout", "gather_to_main"]
 
 _log = logging.getLogger("xmc.distributed")
 
@@ -215,6 +215,30 @@ def all_gather_object(obj: Any) -> list[Any]:
         return [obj]
     out: list[Any] = [None] * world_size()
     torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+_OBJECT_GROUP: Any = None
+
+
+def _object_group() -> Any:
+    """The group object collectives go through: the default group when it is gloo, else a gloo group made once
+    (NCCL would stage every pickled object on the GPU; prediction results go to rank 0's host memory)."""
+    global _OBJECT_GROUP
+    if torch.distributed.get_backend() == "gloo":
+        return None
+    if _OBJECT_GROUP is None:
+        _OBJECT_GROUP = torch.distributed.new_group(backend="gloo")
+    return _OBJECT_GROUP
+
+
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` (picklable), by rank, on rank 0; ``None`` on the other ranks (``[obj]`` with one
+    process).  Through gloo, whatever the default backend (:func:`_object_group`)."""
+    if not active():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if is_main() else None
+    torch.distributed.gather_object(obj, out, dst=0, group=_object_group())
     return out
 
 

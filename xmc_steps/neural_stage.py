@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -176,9 +177,114 @@ def prediction_inputs(st, params: Any, model_dir: str | os.PathLike, json_name: 
         raise StageError(str(e)) from e
     if tokens.max_length != meta["max_length"]:
         raise StageError(f"tokens have width {tokens.max_length} but the model was trained with {meta['max_length']}")
-    device = neural.resolve_device(params.device)
-    st.extra["device"] = device_label(device)
+    device = inference_device(st, params.device)
     return meta, tokens, device
+
+
+def inference_device(st, device: Any) -> torch.device:
+    """The device of a predict or embed stage (``device``, already checked), recorded as ``extra.device``.
+    Under ``torchrun`` (several processes) it is the rank's own and the process group is joined here, for
+    :func:`sharded_inference`; ``extra.processes`` records the world."""
+    from . import distributed
+
+    device = neural.resolve_device(device)
+    if distributed.world_size_from_env() > 1:
+        device = distributed.local_device(device)
+        distributed.init_from_env(device, st.log)
+        st.extra["processes"] = distributed.world_size()
+    st.extra["device"] = device_label(device)
+    return device
+
+
+#: documents per message when the ranks' results are gathered on rank 0 (bounds a message: 20,000 texts of
+#: top-100 scores and 768-d embeddings are about 85 MB)
+GATHER_ROWS = 20_000
+
+
+def shard_batches(lengths: np.ndarray, batch_size: int, r: int, world: int) -> np.ndarray:
+    """The documents rank ``r`` of ``world`` predicts: the batches ``r, r + world, r + 2 world, ...`` of the
+    one-process pass (:func:`xmc_steps.neural.iter_batches` over documents of these ``lengths``:
+    ``batch_size`` at a time, longest first), in that order.  Every document is in exactly one rank's part,
+    in the same batch (the same neighbours, the same padded width) as one process runs it, and the part's
+    own pass (``iter_batches`` again: its lengths are already in order and its batches whole but the
+    last) forms those batches; dealing the batches round the ranks gives each a share of the long ones."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    b = max(int(batch_size), 1)
+    n_batches = -(-len(order) // b)
+    mine = np.arange(int(r), n_batches, int(world))
+    if not len(mine):
+        return order[:0]
+    return np.concatenate([order[k * b:(k + 1) * b] for k in mine])
+
+
+def sharded_inference(tokens: neural.TokenData, batch_size: int,
+                      run: Callable[[neural.TokenData], dict[str, Any]],
+                      rows: tuple[str, ...] = ("scores", "shortlist", "emb")) -> dict[str, Any] | None:
+    """A neural predict or embed pass over ``tokens``, split over the ranks under ``torchrun``: every
+    predict and embed stage's one path (ELIAS, LightXML and GUDN, the dual encoder, the pre-trained
+    embeddings).
+
+    ``run(part)`` is the one-process pass over a :class:`~xmc_steps.neural.TokenData` (the method's own
+    ``predict``), batching ``batch_size`` texts at a time; it returns a dict whose ``rows`` entries hold one
+    row per text (a scipy sparse matrix or a numpy array; ``None`` when not asked for) and ``seconds``.
+    With one process this is ``run(tokens)``.  With several, each rank runs ``run`` on its batches
+    (:func:`shard_batches`), sends its rows to rank 0 (:func:`xmc_steps.distributed.gather_to_main`, at
+    most :data:`GATHER_ROWS` texts a message), and rank 0 puts them back in the documents' order: its
+    ``run`` result with the ``rows`` entries of all documents and ``seconds`` the slowest rank's.  The
+    other ranks get ``None`` (rank 0 alone writes).  Since a text meets the same batch as in one process,
+    the rows are the one-process rows: bit for bit where the kernels are deterministic for a shape (the
+    CPU), to the device's rounding elsewhere (tests/test_distributed.py)."""
+    import scipy.sparse as sp
+
+    from . import distributed
+
+    world = distributed.world_size()
+    if world <= 1:
+        return run(tokens)
+    rank = distributed.rank()
+    n = len(tokens)
+    if n == 0:                                    # no text: rank 0's empty pass, nothing to gather
+        return run(tokens) if rank == 0 else None
+    parts = [shard_batches(tokens.lengths, batch_size, r, world) for r in range(world)]
+    idx = parts[rank]
+    res = run(neural.TokenData(tokens.input_ids[idx], tokens.lengths[idx])) if len(idx) else None
+    keys = [k for k in rows if res is not None and res.get(k) is not None]
+    keys = distributed.broadcast_object(keys)     # rank 0's: a rank without texts sends empty pieces
+    seconds = distributed.gather_to_main(float(res["seconds"]) if res is not None else 0.0)
+    step = GATHER_ROWS
+    rounds = -(-max(len(p) for p in parts) // step)
+    got: dict[str, list[Any]] = {k: [] for k in keys}
+    for q in range(rounds):
+        lo, hi = q * step, min((q + 1) * step, len(idx))
+        piece = {k: (res[k][lo:hi] if res is not None and lo < hi else None) for k in keys}
+        pieces = distributed.gather_to_main(piece)
+        if pieces is not None:
+            for pc in pieces:
+                for k in keys:
+                    if pc[k] is not None:
+                        got[k].append(pc[k])
+    if rank != 0:
+        return None
+    # the pieces arrived rank by rank within a round, and the rounds in order: put them back by rank
+    per_rank: dict[str, list[list[Any]]] = {k: [[] for _ in range(world)] for k in keys}
+    for k in keys:
+        it = iter(got[k])
+        for q in range(rounds):
+            for r in range(world):
+                if q * step < len(parts[r]):
+                    per_rank[k][r].append(next(it))
+    perm = np.concatenate(parts)
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n, dtype=np.int64)
+    out = dict(res)
+    for k in keys:
+        flat = [x for r in range(world) for x in per_rank[k][r]]
+        if sp.issparse(flat[0]):
+            out[k] = sp.vstack(flat, format="csr")[inv]
+        else:
+            out[k] = np.concatenate(flat, 0)[inv]
+    out["seconds"] = max(seconds)
+    return out
 
 
 def curve_logger(st, ckpt_dir: str | os.PathLike, keys: tuple[str, ...]):

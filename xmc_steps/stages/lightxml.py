@@ -58,19 +58,24 @@ def _train_main(args: argparse.Namespace) -> None:
 
 def _predict_main(args: argparse.Namespace) -> None:
     from ..lightxml.serve import PredictParams, load, predict
-    from ..neural_stage import prediction_inputs
+    from ..neural_stage import prediction_inputs, sharded_inference
 
     with stage_run("lightxml_predict", args, outputs=[args.out]) as st:
         overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
         params = _parse_params(st, args, "lightxml_predict")
-        _, tokens, device = prediction_inputs(st, params, args.model, "lightxml.json", args.tokens)
+        meta, tokens, device = prediction_inputs(st, params, args.model, "lightxml.json", args.tokens)
         with st.timed("load"):
             try:
                 model = load(args.model, device)
             except (OSError, ValueError, KeyError) as e:
                 raise StageError(f"--model {args.model}: {e}") from e
         with st.timed("predict"):
-            r = predict(args.model, tokens, overrides, device, progress=st.log.info, model=model)
+            # under torchrun every rank predicts its batches and rank 0 alone writes (neural_stage)
+            r = sharded_inference(tokens, PredictParams.effective(meta, overrides).eval_batch_size,
+                                  lambda part: predict(args.model, part, overrides, device, progress=st.log.info,
+                                                       model=model))
+        if r is None:
+            return
         p = r["params"]
         st.params.update({**p.to_dict(), "model": str(args.model)})
         st.metric("predict_seq_per_s", len(tokens) / max(r["seconds"], 1e-9))
