@@ -286,8 +286,9 @@ def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
 
 @pytest.mark.slow
 def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(neural_toy_run, tmp_path):
-    """LightXML's toy target with ``lightxml.gpus: 2``: the rule starts its training under torchrun (2 gloo
-    processes on the CPU), rank 0 writes the record and the model, the target is evaluated.  Runs in a copy of the
+    """LightXML's toy target with ``lightxml.gpus: 2``: the rules start its training and its prediction under
+    torchrun (2 gloo processes on the CPU), rank 0 writes the records, the model and the predictions, the target
+    is evaluated.  Runs in a copy of the
     neural toy run (tests/conftest.py), so that only LightXML's jobs run again (their settings changed)."""
     import copy
     import json
@@ -310,8 +311,10 @@ def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(neural_toy_run, t
     assert "rank1" not in log                              # the other rank logs to stderr, not the log file
     ran = {p.parent.name for p in (run / "logs").glob("*/*.log") if p.stat().st_mtime > started}
     assert "lightxml_train" in ran and not ran & {"ingest", "tokenize", "cluster"}, ran
-    records = [json.loads(p.read_text()) for p in (run / "results" / "toy" / "lightxml").rglob("record.json")]
+    records = [json.loads(p.read_text()) for p in (run / "results" / "toy" / "lightxml").rglob("*record.json")]
     train = [r for r in records if r["rule"] == "lightxml_train"]
     assert len(train) == 1 and train[0]["extra"]["processes"] == 2
+    predict = [r for r in records if r["rule"] == "lightxml_predict"]       # its predict rule: 2 processes too
+    assert len(predict) == 1 and predict[0]["extra"]["processes"] == 2
     res = json.loads((run / "results" / "toy" / "lightxml.json").read_text())
     assert res["metrics"]["p_at_1"] > 0

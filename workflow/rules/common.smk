@@ -40,15 +40,16 @@ PY = sys.executable
 
 
 def launch(section_of):
-    """A neural training rule's ``params.launch``: the interpreter, or torchrun with ``gpus`` processes per node
-    on ``nodes`` nodes (``section_of(wildcards)``: the rule's settings section; xmc_steps.launch)."""
+    """A neural rule's ``params.launch`` (training, predict, embed): the interpreter, or torchrun with ``gpus``
+    processes per node on ``nodes`` nodes (``section_of(wildcards)``: the rule's settings section;
+    xmc_steps.launch)."""
     from xmc_steps import launch as xlaunch
 
     return lambda w: xlaunch.command(PY, section_of(w).get("gpus", 1), section_of(w).get("nodes", 1))
 
 
 def gpus(section_of):
-    """A neural training rule's ``gpu`` resource: the section's ``gpus`` (one per process on its node)."""
+    """A neural rule's ``gpu`` resource: the section's ``gpus`` (one per process on its node)."""
     from xmc_steps import launch as xlaunch
 
     return lambda w: xlaunch.gpus_of(section_of(w))

@@ -71,15 +71,16 @@ rule dual_encoder_predict:
         hash=H("dual_encoder_predict"),
         model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed the ranker
+        launch=launch(lambda w: S(w)["dual_encoder"]),
     threads: threads_of
     resources:
         mem_mb=res("dual_encoder_predict", "mem_mb", 16000),
         runtime=res("dual_encoder_predict", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["dual_encoder"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.dual_encoder predict --model {params.model:q} --tokens {input.tokens:q} "
+        "{params.launch} -m xmc_steps.stages.dual_encoder predict --model {params.model:q} --tokens {input.tokens:q} "
         "--out {output.predictions:q} --emb-out {output.emb:q} --phase {params.phase:q} --method dual-encoder "
         "--threads {threads} " + STAGE_ARGS
 

@@ -136,15 +136,16 @@ rule elias_predict:
         hash=H("elias_predict"),
         model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
+        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"][f"stage{w.stage}"]}),
     threads: threads_of
     resources:
         mem_mb=res("elias_predict", "mem_mb", 16000),
         runtime=res("elias_predict", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"][f"stage{w.stage}"]}),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.elias predict --model {params.model:q} --tokens {input.tokens:q} "
+        "{params.launch} -m xmc_steps.stages.elias predict --model {params.model:q} --tokens {input.tokens:q} "
         "--out {output.predictions:q} --emb-out {output.emb:q} --shortlist-out {output.shortlist:q} --phase {params.phase:q} "
         "--method elias --threads {threads} " + STAGE_ARGS
 

@@ -65,12 +65,13 @@ rule embed_pretrained:
                                        "allow_cpu_fallback": S(w)["xtransformer"]["embed"]["allow_cpu_fallback"]}),
         hash=H("embed_pretrained"),
         out=R(lay.PRETRAINED),
+        launch=launch(lambda w: S(w)["xtransformer"]["embed"]),
     threads: threads_of
     resources:
         mem_mb=res("embed_pretrained", "mem_mb", 8000),
         runtime=res("embed_pretrained", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["xtransformer"]["embed"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.embed --tokens {input.tokens:q} --out-dir {params.out:q} " + STAGE_ARGS
+        "{params.launch} -m xmc_steps.stages.embed --tokens {input.tokens:q} --out-dir {params.out:q} " + STAGE_ARGS

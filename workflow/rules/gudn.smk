@@ -80,13 +80,14 @@ rule gudn_predict:
         settings=PASS("gudn_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("gudn_predict"),
         model=folder_of("input", "model"),
+        launch=launch(lambda w: S(w)["gudn"]["backbone"]),
     threads: threads_of
     resources:
         mem_mb=res("gudn_predict", "mem_mb", 16000),
         runtime=res("gudn_predict", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["gudn"]["backbone"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "{params.launch} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
         "--out {output.predictions:q} --method gudn --threads {threads} " + STAGE_ARGS

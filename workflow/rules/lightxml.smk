@@ -62,15 +62,16 @@ rule lightxml_predict:
         settings=PASS("lightxml_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("lightxml_predict"),
         model=folder_of("input", "model"),
+        launch=launch(lambda w: S(w)["lightxml"]),
     threads: threads_of
     resources:
         mem_mb=res("lightxml_predict", "mem_mb", 16000),
         runtime=res("lightxml_predict", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["lightxml"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "{params.launch} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
         "--out {output.predictions:q} --method lightxml --threads {threads} " + STAGE_ARGS
 
 

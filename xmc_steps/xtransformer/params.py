@@ -96,6 +96,8 @@ class XTEmbed(Params):
     max_length: int = bounded(32, ge=2)
     batch_size: int = bounded(128, ge=1)
     allow_cpu_fallback: bool = True  # this GPU rule may run on the CPU (false: fail without a GPU)
+    gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: each embeds a share under torchrun
+    nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
 
     _what = "X-Transformer embedding parameter"
 
