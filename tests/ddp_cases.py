@@ -32,7 +32,8 @@ def _toy(n: int, length: int = 12, k: int = 3, seed: int = 0):
 def case_generic(encoder: str, ckpt: str | None):
     """A tiny encoder + linear head, BCE (a mean over the batch's examples), batch 8 x 2 accumulation over 21
     examples: the epochs' last micro-batch has 5 (3 + 2 on two ranks, weighted by their shares).  With
-    ``DDP_CASES_SIGTERM_AT=k`` rank 1 sends itself SIGTERM after step ``k``."""
+    ``DDP_CASES_SIGTERM_AT=k`` rank 1 sends itself SIGTERM after step ``k``; with ``DDP_CASES_KILL_AT=k`` it
+    SIGKILLs itself there (after every step's checkpoint: ``DDP_CASES_CHECKPOINT_EVERY``, default none)."""
     import torch
 
     from xmc_steps import neural, trainer
@@ -53,16 +54,21 @@ def case_generic(encoder: str, ckpt: str | None):
         return torch.nn.functional.binary_cross_entropy_with_logits(out, t), {}
 
     params = trainer.TrainParams(steps=STEPS, batch_size=8, grad_accum=2, lr=1e-3, warmup_steps=1,
-                                 checkpoint_every=0, log_every=1, seed=0)
+                                 checkpoint_every=int(os.environ.get("DDP_CASES_CHECKPOINT_EVERY", "0")),
+                                 log_every=1, seed=0)
     groups = trainer.param_groups({"encoder": (model["enc"], 1e-3), "head": (model["head"], 1e-2)}, 0.01)
     tr = trainer.Trainer(model, groups, params, ckpt, device="cpu", amp="off")
-    kill_at = int(os.environ.get("DDP_CASES_SIGTERM_AT", "0"))
+    term_at = int(os.environ.get("DDP_CASES_SIGTERM_AT", "0"))
+    kill_at = int(os.environ.get("DDP_CASES_KILL_AT", "0"))
 
     def step_end(step):                 # rank 1 alone gets SIGTERM: every rank must stop at one checkpoint
-        if kill_at and step == kill_at and tr.rank == 1:
+        if term_at and step == term_at and tr.rank == 1:
             os.kill(os.getpid(), signal.SIGTERM)
+        if kill_at and step == kill_at and tr.rank == 1:      # kill -9: no handler, no checkpoint of its own
+            os.kill(os.getpid(), signal.SIGKILL)
 
     tr.fit(loss_fn, len(tokens), batch_fn, step_end=step_end)
+    print(f"generic: rank {tr.rank} resumed from step {tr.resumed_from}", file=sys.stderr)
     return model
 
 

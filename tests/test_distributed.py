@@ -175,6 +175,34 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_checkpoint_and_the_rerun_re
     assert d == 0.0, f"the resumed run differs from the uninterrupted one by {d:.3g}"
 
 
+def test_kill_9_of_one_rank_ends_the_run_and_the_rerun_resumes_from_the_last_checkpoint(encoder, tmp_path,
+                                                                                        two_processes):
+    """``kill -9`` of rank 1 after step 3 (no handler runs, rank 1 writes nothing): rank 0's next collective fails
+    at once (gloo: the peer closed its connection), torchrun reports rank 1's SIGKILL as the root cause, sends
+    the other rank SIGTERM and exits non-zero -- seconds, well inside the collective timeout set here (60 s; on
+    NCCL, where a dead peer may leave the collective waiting, torchrun's SIGTERM or that timeout ends it).  The
+    checkpoints rank 0 wrote (every step; step 3's was not, its step ending in the failed collective) are whole,
+    and a rerun resumes from the last, step 2, and ends with the uninterrupted run's weights, bit for bit."""
+    import time
+
+    ckpt = tmp_path / "ckpt"
+    t0 = time.monotonic()
+    r = torchrun("generic", encoder, tmp_path / "cut", ckpt, check=False,
+                 env={"DDP_CASES_KILL_AT": "3", "DDP_CASES_CHECKPOINT_EVERY": "1", distributed.TIMEOUT_ENV: "60"})
+    took = time.monotonic() - t0
+    assert r.returncode != 0
+    err = r.stderr + r.stdout
+    assert "exitcode  : -9" in err and "Signal 9 (SIGKILL)" in err                  # rank 1's kill, reported
+    assert "Connection closed by peer" in err                                     # rank 0 failed, not waiting
+    assert took < 60, f"the run took {took:.0f} s after a kill -9 (collective timeout 60 s)"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000001", "step-00000002"]
+    assert not (tmp_path / "cut" / "generic.npz").exists()
+    again = torchrun("generic", encoder, tmp_path / "cut", ckpt, env={"DDP_CASES_CHECKPOINT_EVERY": "1"})
+    assert all(f"generic: rank {r} resumed from step 2" in again.stderr for r in (0, 1)), again.stderr[-3000:]
+    d = max_diff(np.load(tmp_path / "cut" / "generic.npz"), two_processes["generic"])    # the uninterrupted run
+    assert d == 0.0, f"the resumed run differs from the uninterrupted one by {d:.3g}"
+
+
 # --------------------------------------------------------------------------- prediction sharded over ranks
 
 
