@@ -346,3 +346,17 @@ def test_a_target_with_gpus_2_trains_under_torchrun_on_the_cpu(neural_toy_run, t
     assert len(predict) == 1 and predict[0]["extra"]["processes"] == 2
     res = json.loads((run / "results" / "toy" / "lightxml.json").read_text())
     assert res["metrics"]["p_at_1"] > 0
+
+
+def test_an_encoder_freezes_the_weights_no_forward_reaches(encoder):
+    """DDP runs without find_unused_parameters: an encoder's weights that no forward of ours reaches (XLNet's
+    mask_emb; here one added to the tiny BERT) are found and frozen, the others left as they are."""
+    from xmc_steps import neural
+
+    enc = neural.TextEncoder(encoder)
+    enc.model.register_parameter("mask_emb", torch.nn.Parameter(torch.zeros(1, 1, enc.hidden)))
+    enc.train()
+    assert enc.freeze_unreachable() == ["model.mask_emb"]
+    assert not enc.model.mask_emb.requires_grad and enc.training
+    assert all(p.requires_grad for n, p in enc.named_parameters() if n != "model.mask_emb")
+    assert enc.freeze_unreachable() == []

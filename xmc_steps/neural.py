@@ -225,6 +225,31 @@ class TextEncoder(nn.Module):
         hs = out.hidden_states  # embeddings + one per layer
         return torch.cat([self._summary(hs[-i], attention_mask) for i in range(1, self.last_k + 1)], dim=-1)
 
+    def freeze_unreachable(self) -> list[str]:
+        """Freeze (``requires_grad = False``) the trainable weights no forward pass of this encoder reaches, and
+        name them: one forward of a 2-token text in eval mode (no dropout: nothing random is drawn) and the
+        gradient of its sum, ``None`` for such a weight (XLNet's ``mask_emb``, its two-stream pre-training's).
+        They would get no gradient in training either, so freezing them changes nothing (AdamW skips a
+        parameter without one), and DDP can then run without ``find_unused_parameters``."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        if not named:
+            return []
+        was = self.training
+        self.eval()
+        try:
+            dev = named[0][1].device
+            ids = torch.full((1, 2), 1, dtype=torch.long, device=dev)
+            with torch.enable_grad():
+                out = self(ids, torch.ones_like(ids))
+                grads = torch.autograd.grad(out.float().sum(), [p for _, p in named], allow_unused=True)
+        finally:
+            self.train(was)
+        frozen = [n for (n, p), g in zip(named, grads) if g is None]
+        for (n, p), g in zip(named, grads):
+            if g is None:
+                p.requires_grad_(False)
+        return frozen
+
     def _summary(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Each row's summary-token state: position 0, or the last real token (XLNet)."""
         if not self.summary_last:

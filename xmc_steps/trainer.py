@@ -65,8 +65,12 @@ in-batch softmax over the gathered labels).  Rank 0 alone writes checkpoints and
 embeddings), and what it evaluates is for the caller to do on rank 0
 (:func:`xmc_steps.distributed.is_main`).  Every rank resumes from the checkpoint rank 0 picks; a SIGTERM
 on any rank stops every rank after the same step (the flag is all-reduced each step on a gloo group),
-with one checkpoint, written before any rank exits.  The logged loss is the global mean.  With one
-process none of this runs: the loop is the single-process one.
+with one checkpoint, written before any rank exits.  The logged loss is the global mean.  DDP runs without
+``find_unused_parameters`` (a traversal of the autograd graph per step): every trainer's loss reaches all of
+its trainable parameters at every step, once an encoder's weights that no forward reaches (XLNet's
+``mask_emb``) are frozen (:meth:`xmc_steps.neural.TextEncoder.freeze_unreachable`); a trainer whose graph
+changes from step to step passes ``unused_parameters=True``.  With one process none of this runs: the loop is
+the single-process one.
 
 Checkpoints
 -----------
@@ -118,7 +122,7 @@ import torch
 from torch import nn
 
 from . import distributed
-from .neural import (amp_dtype, autocast_context, check_amp, cpu_has_bf16, load_model, needs_grad_scaler,
+from .neural import (TextEncoder, amp_dtype, autocast_context, check_amp, cpu_has_bf16, load_model, needs_grad_scaler,
                      resolve_device, save_model, to_device)
 from .layout import WEIGHTS
 from .params import Params, bounded
@@ -608,7 +612,8 @@ class Trainer:
                  on_checkpoint: Callable[[int, Path], Any] | None = None,
                  fingerprint: Mapping[str, Any] | None = None, keep: int = 2,
                  lengths: np.ndarray | None = None, device: str | torch.device = "auto", amp: str = "auto",
-                 prefetch: int | None = None, row_sparse: tuple[nn.Parameter, ...] | list = ()):
+                 prefetch: int | None = None, row_sparse: tuple[nn.Parameter, ...] | list = (),
+                 unused_parameters: bool = False):
         if not params.is_resolved:
             raise ValueError("the Trainer takes resolved training parameters (TrainParams.resolved(n_train))")
         check_amp(amp)
@@ -692,12 +697,21 @@ class Trainer:
             ignore = [f"model.{n}" for n, q in self.model.named_parameters() if id(q) in ids]
             if len(ignore) != len(self.row_sparse):
                 raise ValueError("row_sparse: every parameter must be one of the model's")
+            # DDP without find_unused_parameters (no traversal of the autograd graph per step): every trainer's
+            # loss reaches each of its trainable parameters at every step (the equivalence tests,
+            # tests/test_distributed.py, run them so) except an encoder's weights that no forward of ours reaches
+            # (XLNet's mask_emb, used by its two-stream pre-training alone): found once and frozen, which is what
+            # AdamW does to a parameter without a gradient anyway.  A trainer with a step-dependent graph passes
+            # unused_parameters=True.
+            for enc in [m for m in self.model.modules() if isinstance(m, TextEncoder)]:
+                for name in enc.freeze_unreachable():
+                    self.log.info("data parallel: %s.%s is reached by no forward pass of ours: frozen", enc.name, name)
             wrapped = _LossModule(self.model)
             if ignore:
                 torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped, ignore)
             self._ddp = torch.nn.parallel.DistributedDataParallel(
                 wrapped, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=True, forward_sync_buffers=False)
+                find_unused_parameters=bool(unused_parameters), forward_sync_buffers=False)
             self.log.info("data parallel: rank %d of %d, %d sequences per rank and micro-batch (global batch %d x "
                           "%d accumulation)", self.rank, self.world, self.rank_batch, self.params.batch_size,
                           self.params.grad_accum)
