@@ -161,10 +161,10 @@ def case_elias2(encoder: str, ckpt: str | None):
     return _elias(encoder, ckpt, 2)
 
 
-def _lightxml(encoder: str, ckpt: str | None, guided: bool):
+def _lightxml(encoder: str, ckpt: str | None, guided: bool, feature_loss: str = "mean", feature_weight: str = "fixed"):
     """LightXML over 8 labels in 4 clusters (dynamic negatives: L_d over each text's candidates, a mean over the
     global batch's real candidates), the least-squares start, batch 8 over 20 texts with validation points;
-    ``guided``: GUDN's guide (feature loss mean, fixed weight, link guide) on label sequences."""
+    ``guided``: GUDN's guide (``feature_loss``, ``feature_weight``, link guide) on label sequences."""
     import scipy.sparse as sp
 
     from xmc_steps import lightxml
@@ -189,7 +189,7 @@ def _lightxml(encoder: str, ckpt: str | None, guided: bool):
         from xmc_steps import gudn
 
         seq, seq_len, _ = __import__("tiny_encoder").toy_tokens(20, 8, 4, seed=7)
-        guide = gudn.GuideNetwork(gudn.GUDNParams(feature_loss="mean", feature_weight="fixed"),
+        guide = gudn.GuideNetwork(gudn.GUDNParams(feature_loss=feature_loss, feature_weight=feature_weight),
                                   __import__("xmc_steps.neural", fromlist=["TokenData"]).TokenData(seq, seq_len))
     valid = (_toy(6, k=4, seed=2)[0], Y[:6])
     train_lightxml(model, tokens, Y, params, ckpt, valid=valid, guide=guide)
@@ -202,6 +202,12 @@ def case_lightxml(encoder: str, ckpt: str | None):
 
 def case_gudn(encoder: str, ckpt: str | None):
     return _lightxml(encoder, ckpt, True)
+
+
+def case_gudnrel(encoder: str, ckpt: str | None):
+    """GUDN with the feature loss ``relative`` (a ratio of sums over the global batch about its centre: gathered
+    across the ranks) weighted ``balanced`` (by the global batch's gradient norms)."""
+    return _lightxml(encoder, ckpt, True, "relative", "balanced")
 
 
 def case_rows(encoder: str, ckpt: str | None):
@@ -240,7 +246,7 @@ def case_rows(encoder: str, ckpt: str | None):
 
 
 CASES = {"generic": case_generic, "rows": case_rows, "matcher": case_matcher, "dual": case_dual, "elias1": case_elias1,
-         "elias2": case_elias2, "lightxml": case_lightxml, "gudn": case_gudn}
+         "elias2": case_elias2, "lightxml": case_lightxml, "gudn": case_gudn, "gudnrel": case_gudnrel}
 
 
 def run(case: str, encoder: str, out: str | None = None, ckpt: str | None = None) -> dict[str, np.ndarray]:
@@ -256,6 +262,14 @@ def run(case: str, encoder: str, out: str | None = None, ckpt: str | None = None
         def wrong(idx, r=None, world=None):        # every rank trains on rank 0's part: half the batch, twice
             return saved[0](idx, 0, world)
         distributed.shard = wrong
+    elif fault == "local":
+        from xmc_steps.gudn import loss as gudn_loss
+
+        saved_rel = gudn_loss.relative_global
+
+        def per_rank(t, lab, real=1.0):            # each rank's own centre and spread, times its share
+            return gudn_loss.feature_guide(t, lab, "relative") * real
+        gudn_loss.relative_global = per_rank
     elif fault == "nogather":
         def local(ids, emb):                       # each rank's texts against its own labels only
             order = torch.argsort(ids)
@@ -267,6 +281,8 @@ def run(case: str, encoder: str, out: str | None = None, ckpt: str | None = None
         model = CASES[name](encoder, ckpt)
     finally:
         distributed.shard, distributed.gather_union = saved
+        if fault == "local":
+            gudn_loss.relative_global = saved_rel
     weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     if out is not None and distributed.is_main():
         np.savez(out, **weights)

@@ -36,6 +36,31 @@ def feature_guide(e_text: torch.Tensor, e_label: torch.Tensor, reduction: str) -
     return d.pow(2).mean()
 
 
+def relative_global(e_text: torch.Tensor, e_label: torch.Tensor, real: float = 1.0) -> torch.Tensor:
+    """:func:`feature_guide`'s ``relative`` over the *global* batch when several processes train (DDP): a ratio of
+    two sums over the batch about the centre of all its features, which a rank's texts alone would measure
+    about another centre and another spread (a per-rank ratio, averaged over the ranks, is not the one
+    process's).  The centre and then the two sums are gathered across the ranks with their gradients
+    (:func:`xmc_steps.distributed.gather_rows`), so every rank holds the one-process value; its gradient,
+    DDP-averaged, is the one-process gradient (the gather's backward sums the ranks' pulls on a rank's rows).
+    ``real`` 0: a rank without a real text this step (a stand-in, :func:`xmc_steps.distributed.shard`)
+    contributes nothing.  One process: :func:`feature_guide`'s formula."""
+    from .. import distributed
+
+    t, lab = e_text.float(), e_label.float()
+    if not distributed.active():
+        return feature_guide(t, lab, "relative")
+    D = t.shape[1]
+    count = torch.full((1,), 2.0 * t.shape[0] * real, device=t.device)
+    first = torch.cat([(t.sum(0) + lab.sum(0)) * real, count]).unsqueeze(0)
+    tot = torch.cat(distributed.gather_rows(first), 0).sum(0)
+    c = tot[:D] / tot[D].clamp_min(1.0)
+    d = t - lab
+    second = torch.stack([d.pow(2).sum(), (t - c).pow(2).sum() + (lab - c).pow(2).sum()]) * real
+    num, spread = torch.cat(distributed.gather_rows(second.unsqueeze(0)), 0).sum(0)
+    return num / spread.clamp_min(torch.finfo(spread.dtype).tiny)
+
+
 def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text: torch.Tensor) -> torch.Tensor:
     """``min(1, ||dL_class/dE_t|| / ||dL_feature/dE_t||)`` (``feature_weight: balanced``, ours): the largest
     weight up to Eq. 6's 1 at which the feature guide pulls the text features no harder than the
@@ -49,6 +74,16 @@ def balanced_weight(feature_loss: torch.Tensor, class_loss: torch.Tensor, e_text
         return torch.ones((), device=e_text.device)
     g_class, = torch.autograd.grad(class_loss, e_text, retain_graph=True, allow_unused=True)
     g_feature, = torch.autograd.grad(feature_loss, e_text, retain_graph=True, allow_unused=True)
+    from .. import distributed
+
+    if distributed.active():
+        # the global batch's norms (every rank's gradients carry the same factor, the world, which cancels);
+        # a rank whose gradient is None sends zeros: every rank joins the all-reduce
+        sq = torch.stack([g.float().pow(2).sum() if g is not None else torch.zeros((), device=e_text.device)
+                          for g in (g_class, g_feature)])
+        n_c, n_f = distributed.all_reduce_sum(sq).sqrt()
+        ratio = n_c / n_f.clamp_min(torch.finfo(torch.float32).tiny)
+        return torch.where(n_f > 0, ratio.clamp(max=1.0), torch.ones_like(ratio)).detach()
     if g_class is None or g_feature is None:
         return torch.ones((), device=e_text.device)
     n_f = g_feature.float().norm()
@@ -66,15 +101,19 @@ def guide_loss(model: LightXMLModel, e_text: torch.Tensor, e_label: torch.Tensor
     (through dropout, as the text's).  The logs are 0-d tensors (read at the trainer's logging
     interval); ``max_pos``: see :meth:`~xmc_steps.lightxml.model.LightXMLModel.candidates`.  ``ranks``, with
     several processes (:meth:`~xmc_steps.lightxml.model.LightXMLModel.loss`): the rank's part of the global
-    batch's guide, the feature loss (a mean over the rank's texts) times its share, the link guide as the
-    backbone's; exact for the feature losses ``mean`` and ``paper`` without the balanced weight (``relative``'s
-    spread and the balanced weight are measured on the rank's texts)."""
+    batch's guide, whose average over the ranks is the one process's: the feature losses ``mean`` and
+    ``paper`` (a mean over the rank's texts) times its share, ``relative`` (a ratio of sums over the whole
+    batch) the global value on every rank (:func:`relative_global`), the balanced weight from the global
+    batch's gradient norms (:func:`balanced_weight`), the link guide as the backbone's."""
     total = torch.zeros((), device=e_text.device)
     logs: dict[str, torch.Tensor] = {}
     if params.feature_guide:
-        lf = feature_guide(e_text, e_label, params.feature_loss)
-        if ranks is not None:
-            lf = lf * ranks[0]
+        if ranks is not None and params.feature_loss == "relative":
+            lf = relative_global(e_text, e_label, float(ranks[0] > 0))   # every rank: the global value
+        else:
+            lf = feature_guide(e_text, e_label, params.feature_loss)
+            if ranks is not None:
+                lf = lf * ranks[0]
         logs["loss_feature"] = lf.detach()
         if params.feature_weight == "balanced":
             if class_loss is None:
