@@ -113,9 +113,9 @@ def encoder(tmp_path_factory):
 
 
 def torchrun(cases: str, encoder: str, out: Path, ckpt: Path | None = None, env: dict | None = None,
-             check: bool = True) -> subprocess.CompletedProcess:
+             check: bool = True, nproc: int = 2) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(CASES),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(CASES),
            cases, encoder, str(out)] + ([str(ckpt)] if ckpt else [])
     e = {**os.environ, "OMP_NUM_THREADS": "1", "XMC_TRACKING": "0", **(env or {})}
     e.pop("WORLD_SIZE", None)
@@ -161,6 +161,18 @@ def test_two_processes_at_half_the_batch_reach_the_weights_of_one(case, encoder,
     assert d <= TOL, f"{case}: 2 processes at B/2 differ from 1 at B by {d:.3g} > {TOL}"
     if fault:      # the test can fail: a wrong sharding, or no gather of the labels, is far outside the tolerance
         assert max_diff(two_processes[fault], one) > 50 * TOL
+
+
+def test_the_data_parallel_path_with_one_process_is_the_single_process_path(encoder, tmp_path):
+    """``XMC_DDP=1`` under ``torchrun --nproc-per-node 1``: a process group of one, DDP, the shards, the row
+    exchange, the dual encoder's gather and every all-reduce run, and the weights are the single-process
+    path's bit for bit (gloo here; bench/gpu_ddp.sh runs a target so over NCCL on a GPU)."""
+    import ddp_cases
+
+    torchrun("generic,lightxml,dual", encoder, tmp_path, env={distributed.FORCE_ENV: "1"}, nproc=1)
+    for case in ("generic", "lightxml", "dual"):
+        d = max_diff(np.load(tmp_path / f"{case}.npz"), ddp_cases.run(case, encoder))
+        assert d == 0.0, f"{case}: the forced data-parallel path with one process differs by {d:.3g}"
 
 
 def test_sigterm_on_one_rank_stops_every_rank_at_one_checkpoint_and_the_rerun_resumes(encoder, tmp_path,
@@ -289,11 +301,12 @@ def test_a_stage_writes_its_log_record_and_run_on_rank_0_alone(rank, tmp_path, m
 # --------------------------------------------------------------------------- the rules' launcher
 
 
-def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
+def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several(monkeypatch):
     import shlex
 
     from xmc_steps import launch
 
+    monkeypatch.delenv("XMC_DDP", raising=False)
     py = "/opt/my env/$(touch x)/python"
     assert launch.command(py) == shlex.quote(py)
     one_node = launch.command(py, gpus=4)
@@ -307,6 +320,9 @@ def test_the_launcher_is_the_interpreter_for_one_gpu_and_torchrun_for_several():
                                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD:29500", "--rdzv-id", "JOB",
                                        "-m", "xmc_steps.launch", "--"]
     assert launch.processes({"gpus": 8, "nodes": 2}) == 16 and launch.gpus_of({}) == 1
+    monkeypatch.setenv("XMC_DDP", "1")    # the data-parallel path with one process: torchrun even for one GPU
+    assert shlex.split(launch.command(py))[:6] == [py, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                                                   "--standalone"]
     with pytest.raises(ValueError):
         launch.command(py, gpus=0)
 

@@ -65,10 +65,26 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+#: ``XMC_DDP=1``: the data-parallel path even with one process (``torchrun --nproc-per-node 1``, a process group
+#: of one, DDP and every collective), to check on one GPU that it gives what the single-process path gives
+#: (bench/gpu_ddp.sh); unset, one process is the single-process path, untouched
+FORCE_ENV = "XMC_DDP"
+
+
+def forced() -> bool:
+    """Whether :data:`FORCE_ENV` asks for the data-parallel path with one process."""
+    return os.environ.get(FORCE_ENV, "").strip() == "1"
+
+
+def wanted() -> bool:
+    """Whether this process runs the data-parallel path: torchrun's ``WORLD_SIZE`` > 1, or :func:`forced`."""
+    return world_size_from_env() > 1 or forced()
+
+
 def active() -> bool:
-    """Whether this process is one of several in an initialised process group."""
+    """Whether this process is one of several in an initialised process group (or of one, :func:`forced`)."""
     return torch.distributed.is_available() and torch.distributed.is_initialized() and \
-        torch.distributed.get_world_size() > 1
+        (torch.distributed.get_world_size() > 1 or forced())
 
 
 def rank() -> int:
@@ -103,24 +119,25 @@ def is_main() -> bool:
 def init_from_env(device: torch.device | str = "cpu", log: logging.Logger | None = None) -> bool:
     """Join the process group torchrun's environment describes; whether this process is now one of several.
 
-    ``WORLD_SIZE`` unset or 1: nothing is done (``False``).  Otherwise the group is initialised once
+    ``WORLD_SIZE`` unset or 1 (without :data:`FORCE_ENV`): nothing is done (``False``).  Otherwise the group is initialised once
     (``env://``: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), with ``nccl`` when ``device`` is a
     CUDA device and ``gloo`` otherwise, and the collective timeout (:func:`collective_timeout`).  On CUDA the
     process's device is set first (:func:`local_device`)."""
     log = log or _log
-    if world_size_from_env() <= 1:
+    if not wanted():
         return False
     if torch.distributed.is_initialized():
-        return world_size() > 1
+        return active()
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(local_device(dev))
     timeout = collective_timeout()
     torch.distributed.init_process_group(backend=backend, init_method="env://", timeout=timeout)
-    log.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s (%s)",
-             rank(), world_size(), local_rank(), backend, timeout.total_seconds(), TIMEOUT_ENV)
-    return world_size() > 1
+    log.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s (%s)%s",
+             rank(), world_size(), local_rank(), backend, timeout.total_seconds(), TIMEOUT_ENV,
+             f", forced with one process ({FORCE_ENV}=1)" if world_size() == 1 else "")
+    return active()
 
 
 def world_size_from_env() -> int:

@@ -4,7 +4,8 @@ when it parses the workflow.
 
 A section's ``gpus`` (processes per node, default 1) and ``nodes`` (default 1) decide:
 
-* ``gpus: 1, nodes: 1``: the interpreter, as before (``python -m xmc_steps.stages.<stage> ...``);
+* ``gpus: 1, nodes: 1``: the interpreter, as before (``python -m xmc_steps.stages.<stage> ...``); torchrun with
+  one process when ``XMC_DDP=1`` (:data:`xmc_steps.distributed.FORCE_ENV`: the data-parallel path on one GPU);
 * ``gpus: N`` on one node: ``python -m torch.distributed.run --nproc-per-node N --standalone -m xmc_steps.launch
   -- -m ...`` (a free rendezvous port of its own, so several such jobs share a machine; each process runs the
   stage through :func:`run_stage`, so that torchrun parses none of the stage's options), the rule asking for
@@ -17,6 +18,7 @@ A section's ``gpus`` (processes per node, default 1) and ``nodes`` (default 1) d
 
 from __future__ import annotations
 
+import os
 import runpy
 import shlex
 import sys
@@ -31,7 +33,7 @@ def command(python: str, gpus: int = 1, nodes: int = 1) -> str:
     if gpus < 1 or nodes < 1:
         raise ValueError(f"gpus and nodes must be >= 1, got gpus {gpus}, nodes {nodes}")
     py = shlex.quote(python)
-    if gpus == 1 and nodes == 1:
+    if gpus == 1 and nodes == 1 and os.environ.get("XMC_DDP", "").strip() != "1":
         return py
     # torchrun runs this module, which runs the stage: after "--" torchrun reads none of the stage's options
     # (its own parser would take a stage's --log for an abbreviation of its --log-dir)

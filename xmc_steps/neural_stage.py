@@ -69,7 +69,7 @@ def training_device(st, params: Any) -> Iterator[torch.device]:
         st.log.warning("the settings ask for %d process(es) (gpus x nodes) and this stage runs as %d: the rule "
                        "starts it under torchrun when gpus x nodes > 1 (xmc_steps.launch)", want,
                        distributed.world_size_from_env())
-    if distributed.world_size_from_env() > 1:
+    if distributed.wanted():
         # under torchrun: this rank's device, and the process group joined before any model is built
         device = distributed.local_device(device)
         distributed.init_from_env(device, st.log)
@@ -188,7 +188,7 @@ def inference_device(st, device: Any) -> torch.device:
     from . import distributed
 
     device = neural.resolve_device(device)
-    if distributed.world_size_from_env() > 1:
+    if distributed.wanted():
         device = distributed.local_device(device)
         distributed.init_from_env(device, st.log)
         st.extra["processes"] = distributed.world_size()

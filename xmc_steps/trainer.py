@@ -636,10 +636,12 @@ class Trainer:
         self.world = 1
         self._ddp: nn.Module | None = None
         self._flag_group = None
-        if distributed.world_size_from_env() > 1:
+        if distributed.wanted():
             self.device = distributed.local_device(self.device)
             distributed.init_from_env(self.device, self.log)
             self.world = distributed.world_size()
+        # the data-parallel path: several processes (or one, distributed.FORCE_ENV)
+        self.dist = distributed.active()
         self.rank = distributed.rank()
         self.is_main = self.rank == 0
         self.amp = amp
@@ -680,13 +682,13 @@ class Trainer:
         self.profiler: StepProfiler | None = _next_profiler
         self.row_sparse: list[nn.Parameter] = []
         self.row_exchange = distributed.RowExchange()
-        if self.world > 1:
+        if self.dist:
             # a CPU group for the small per-step agreements (the SIGTERM flag, the checkpoints' RNG states):
             # no wait for the device
             self._flag_group = (torch.distributed.new_group(backend="gloo")
                                 if torch.distributed.get_backend() != "gloo" else None)
         self._resume()
-        if self.world > 1:
+        if self.dist:
             if self.resumed_from is None and self.rank > 0:
                 # independent dropout masks (and other draws) on every rank; rank 0 draws as one process would
                 _seed_rank(self.params.seed, self.rank)
@@ -756,7 +758,7 @@ class Trainer:
     def _resume(self) -> None:
         if self.ckpt_dir is None:
             return
-        if self.world > 1:
+        if self.dist:
             # rank 0 cleans the folder and picks the checkpoint; every rank loads that one
             path = self._pick_checkpoint() if self.is_main else None
             path = distributed.broadcast_object(None if path is None else str(path))
@@ -811,7 +813,7 @@ class Trainer:
         # checkpoints written before "wall" was kept: the optimisation time is the lower bound known
         self.wall_before = float(state.get("wall", self.train_time))
         ranks = state.get("rng_ranks") or []
-        if self.world > 1 and len(ranks) == self.world:
+        if self.dist and len(ranks) == self.world:
             _set_rng_state(ranks[self.rank])
         else:
             _set_rng_state(state["rng"])
@@ -827,7 +829,7 @@ class Trainer:
             raise ValueError("this trainer has no checkpoint folder")
         name = f"step-{self.step:08d}"
         final = self.ckpt_dir / name
-        if self.world > 1:
+        if self.dist:
             # every rank's RNG states to rank 0, which alone writes; no rank goes on (or exits) before it is written
             ranks = self._gather_object(_rng_state())
             if self.is_main:
@@ -951,7 +953,7 @@ class Trainer:
         acc: dict[str, list] = {}   # per step: tensors stay on the device until a log line needs them
         acc_n = 0
         win_t, win_seq = 0.0, 0
-        dist = self.world > 1
+        dist = self.dist
         if dist:
             def rank_batch_fn(idx: np.ndarray, _fn=batch_fn):     # this rank's part of the global micro-batch
                 return _fn(distributed.shard(idx, self.rank, self.world)[0])
@@ -1091,7 +1093,7 @@ class Trainer:
         vals = {k: list(vs) for k, vs in acc.items()}
         if where:
             got = torch.stack([acc[k][j].reshape(()).double().to(self.device) for k, j in where])
-            if self.world > 1:     # the ranks' mean: the global batch's loss (each rank's weighted by its share)
+            if self.dist:     # the ranks' mean: the global batch's loss (each rank's weighted by its share)
                 got = distributed.all_reduce_mean(got)
             got = got.cpu().tolist()
             for (k, j), v in zip(where, got):

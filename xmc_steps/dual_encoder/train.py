@@ -265,14 +265,14 @@ def train_dual_encoder(model: DualEncoder, tokens: neural.TokenData, Y: sp.spmat
         else:
             pool, pids, pmask = b["pool"], b["pool_ids"], b["pool_mask"]
         le = net(pids, pmask)
-        if trainer.world > 1:
+        if trainer.dist:
             # every text against every label of the global batch: the ranks' pools gathered with their gradients
             pool, le = distributed.gather_union(pool, le)
         pos = positive_mask(pool, b["rows"], b["labels"], e.shape[0])
         with torch.autocast(e.device.type, enabled=False):      # the cosines in fp32 (logits = cos / temperature)
             cos = e.float() @ le.float().T
         loss = pool_loss(cos, pos, params.loss, params.temperature, params.margin, params.triplet_negatives)
-        if trainer.world > 1:
+        if trainer.dist:
             # the mean over the global batch's texts with a positive: this rank's sum over the global count
             # (times the world: DDP averages the ranks' gradients); a stand-in rank counts none
             has = (pos.any(1).sum() if trainer.rank_examples else pos.new_zeros(())).to(torch.float32)

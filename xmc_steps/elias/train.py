@@ -175,7 +175,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
     def step_end(step: int) -> dict[str, float] | None:
         if touched and (wl_acc is None or wl_acc.is_update_step(step)):
             # the rows the global batch touched: every rank's shortlists (one all-reduce of L + 1 bytes)
-            rows = distributed.all_reduce_any(touched.pop("mask")) if trainer.world > 1 else touched.pop("mask")
+            rows = distributed.all_reduce_any(touched.pop("mask")) if trainer.dist else touched.pop("mask")
             decay_touched_rows(model.wl, rows[: model.n_labels], trainer, tp.weight_decay)
         if step == params.wl_delay_steps:
             _set_wl_trainable(model, True)
@@ -199,7 +199,7 @@ def train_elias(model: EliasModel, tokens: neural.TokenData, Y: sp.spmatrix, par
         ids, mask, rows, labels, max_pos = batch
         out = m.elias(ids, mask, rows, labels, max_pos=max_pos)
         loss, lc, ls = elias_loss(out, params.lambda_, params.eps)
-        if trainer.world > 1:      # W_L's rows this step reaches: the shortlists' (the exchange sends those)
+        if trainer.dist:      # W_L's rows this step reaches: the shortlists' (the exchange sends those)
             for q in head:
                 trainer.row_exchange.touch(q, out.labels)
         if decay_touched and model.wl.requires_grad:     # a device mask, no read back

@@ -352,7 +352,7 @@ def train_lightxml(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatri
         raw = net.encoder(b["ids"], b["mask"])
         e = net.dropout(raw)
         ranks = None
-        if trainer.world > 1:   # this rank's part of the global batch's loss (L_d: over its real candidates)
+        if trainer.dist:   # this rank's part of the global batch's loss (L_d: over its real candidates)
             real = float(trainer.rank_examples > 0)
             ranks = (trainer.batch_share, lambda c: distributed.all_reduce_sum(c * real) / trainer.world)
         if static_at is None:
