@@ -90,15 +90,16 @@ rule lightxml_valid_predict:
         settings=PASS("lightxml_valid_predict", encoder=ENC, max_length=MAXLEN),
         hash=H("lightxml_valid_predict"),
         model=folder_of("input", "model"),
+        launch=launch(lambda w: S(w)["lightxml"]),
     threads: threads_of
     resources:
         mem_mb=res("lightxml_valid_predict", "mem_mb", 16000),
         runtime=res("lightxml_valid_predict", "runtime", 240),
-        gpu=1,
+        gpu=gpus(lambda w: S(w)["lightxml"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{PY:q} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
+        "{params.launch} -m xmc_steps.stages.lightxml predict --model {params.model:q} --tokens {input.tokens:q} "
         "--out {output.predictions:q} --method lightxml --threads {threads} " + STAGE_ARGS
 
 
