@@ -1,4 +1,4 @@
-"""Tests of the debtags dataset builder (xmc_steps.stages.prepare_debtags).
+"""Tests of the debtags dataset builder (xmc_steps.debtags, run by the stage xmc_steps.stages.prepare_debtags).
 
 Unit tests run on small hand-written Packages / Translation-en / vocabulary texts.
 The integration test (marked ``network``) fetches the real bookworm index and
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from xmc_steps.stages import prepare_debtags as pd
+from xmc_steps import debtags as pd
+from xmc_steps.stages import prepare_debtags as stage
 from xmc_steps.errors import StageError
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "debtags-bookworm"
@@ -321,7 +322,7 @@ def test_cli_with_index_dir(tmp_path):
     index = _fake_index(tmp_path / "index")
     out = tmp_path / "out"
     record = tmp_path / "record.json"
-    rc = pd.cli_main(pd.main, ["--out", str(out), "--index-dir", str(index), "--record", str(record), "--no-tracking"])
+    rc = stage.cli_main(stage.main, ["--out", str(out), "--index-dir", str(index), "--record", str(record), "--no-tracking"])
     assert rc == 0
     files = pd.build_dataset(PACKAGES, TRANSLATIONS, VOCABULARY)
     for name, content in files.items():
@@ -340,7 +341,7 @@ def test_untagged_packages_are_the_others(tmp_path):
     assert list(pd.untagged_documents(pd.parse_packages(PACKAGES), {}, exclude={"untagged"})) == ["todo-only"]
     index = _fake_index(tmp_path / "index")
     (tmp_path / "ids.txt").write_text("todo-only\n")
-    rc = pd.cli_main(pd.main, ["--untagged", str(tmp_path / "u"), "--index-dir", str(index), "--exclude-ids",
+    rc = stage.cli_main(stage.main, ["--untagged", str(tmp_path / "u"), "--index-dir", str(index), "--exclude-ids",
                                str(tmp_path / "ids.txt"), "--no-tracking"])
     assert rc == 0
     assert (tmp_path / "u" / "ids.txt").read_text() == "untagged\n"
@@ -348,11 +349,11 @@ def test_untagged_packages_are_the_others(tmp_path):
 
 
 def test_cli_errors(tmp_path, capsys, monkeypatch):
-    rc = pd.cli_main(pd.main, ["--out", str(tmp_path / "o"), "--index-dir", str(tmp_path / "missing"), "--no-tracking"])
+    rc = stage.cli_main(stage.main, ["--out", str(tmp_path / "o"), "--index-dir", str(tmp_path / "missing"), "--no-tracking"])
     assert rc == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    rc = pd.cli_main(pd.main, ["--out", str(tmp_path / "o"), "--index-dir", str(tmp_path / "empty"), "--no-tracking"])
+    rc = stage.cli_main(stage.main, ["--out", str(tmp_path / "o"), "--index-dir", str(tmp_path / "empty"), "--no-tracking"])
     assert rc == 2
     assert "Packages" in capsys.readouterr().err
     assert not (tmp_path / "o" / "train_texts.txt").exists()
