@@ -182,6 +182,77 @@ def _elias_stage(el: dict, stage: int) -> tuple[dict, EliasParams]:
     return given, d
 
 
+def _old_elias_payload(el: dict, stage: int, encoder: str, maxlen: int) -> dict:
+    """The reference: what workflow/rules/elias.smk's elias_params(stage) passed a training stage before the
+    rules passed the section (a copy of its flattening: the shared keys, ``index``'s set keys, ``train`` under
+    ``stageN.train``, ``stageN``)."""
+    own = dict(el[f"stage{stage}"])
+    return {"encoder": encoder, "max_length": int(maxlen),
+            **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init",
+                                  "head_init_l2", "head_init_scale", "head_refit", "head_refit_select", "allow_weak")},
+            **{k: v for k, v in el["index"].items() if v is not None},
+            "train": {**el["train"], **own.pop("train", {})}, **own}
+
+
+def _old_elias_predict(s: dict) -> dict:
+    """The reference: what the elias_predict rule passed before (the depth computed in the rule)."""
+    return {"topk": max(int(s["evaluate"]["topk"]), int(s["elias"]["plus"]["n_candidates"])),
+            "device": s["elias"]["device"], "allow_cpu_fallback": s["elias"]["allow_cpu_fallback"],
+            **{k: v for k, v in s["elias"]["predict"].items() if v is not None}}
+
+
+def _configs():
+    import yaml
+
+    from xmc_steps import config
+
+    root = config.SCHEMA_PATH.parents[2]
+    base = yaml.safe_load((root / "config.yaml").read_text())
+    paper = config.deep_merge(base, yaml.safe_load((root / "config.paper.yaml").read_text()))
+    for name, c in (("config.yaml", base), ("config.yaml + config.paper.yaml", paper)):
+        config.validate(c, source=name)
+        for dataset in ["debtags", *sorted(c.get("datasets") or {})]:
+            s = config.dataset_settings(c, dataset)
+            if "elias" in s:
+                yield f"{name} {dataset}", s
+
+
+def test_elias_stages_train_with_the_parameters_the_flat_payload_gave():
+    """Nothing learned changes: each ELIAS stage derives from the section its rule passes (EliasSection.stage_params)
+    exactly the parameters the rule's flattening gave it before, for every dataset of config.yaml and of
+    config.yaml + config.paper.yaml; and the predict stage asks for the same depth and overrides."""
+    from xmc_steps import config
+    from xmc_steps.elias.params import stage_params
+    from xmc_steps.elias.serve import PredictSettings, PredictParams
+
+    checked = 0
+    for where, s in _configs():
+        el = s["elias"]
+        name = s["encoders"][el["encoder"]]
+        for stage in (1, 2):
+            payload = config.rule_payload(s, f"elias_stage{stage}", {"enc": el["encoder"]})
+            payload.update(encoder=name, max_length=int(el["max_length"]), threads=2)   # PASS's given, --threads
+            old = EliasParams.from_dict({**_old_elias_payload(el, stage, name, el["max_length"]), "threads": 2})
+            new = stage_params(payload, stage)
+            assert new == old, f"{where} stage {stage}"
+            for n_train, L, C in ((1000, 572, 64), (50000, 30000, 256)):
+                assert new.resolved(stage, n_train, L, C) == old.resolved(stage, n_train, L, C), f"{where} {stage}"
+            checked += 1
+        old_p = _old_elias_predict(s)
+        new_p = PredictSettings.from_dict(config.rule_payload(s, "elias_predict"))
+        assert {k: v for k, v in new_p.overrides().items() if v is not None} == \
+            {k: v for k, v in old_p.items() if k in PredictParams.keys()}, where
+        assert (new_p.device, new_p.allow_cpu_fallback) == (old_p["device"], old_p["allow_cpu_fallback"])
+    assert checked >= 2 * 7
+
+
+def test_the_elias_stage_keys_are_what_the_stage_rules_pass():
+    from xmc_steps.elias import spec
+    from xmc_steps.elias.params import STAGE_KEYS
+
+    assert set(spec._READ) == set(STAGE_KEYS) | {"index", "train"}
+
+
 # --------------------------------------------------------------------------- declared choices and bounds
 
 

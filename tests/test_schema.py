@@ -149,3 +149,4 @@ for bad in ({"power": 0}, {"nope": 1}):
     assert out[2] == "key 'defaults.toymethod.power': 0 is less than or equal to the minimum of 0"
     assert out[3].startswith("unknown key 'defaults.toymethod.nope' (allowed here: power, smoothing, topk)")
     assert registry.METHODS.keys().isdisjoint({"toymethod"})
+

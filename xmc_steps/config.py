@@ -22,6 +22,7 @@ from . import registry
 from .errors import StageError
 from .methods import BASE_SETTINGS as _BASE
 from .methods import TREE_SETTINGS as _TREE
+from .methods import Only
 from .registry import split_method
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.json"
@@ -42,8 +43,16 @@ RULE_SETTINGS: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {
     "label_embedding_text": _BASE + ["encoders.{enc}", "xtransformer.embed"],
     "cluster": _TREE,
 }
-def covered(entry: str | tuple[str, tuple[str, ...]], entries: list) -> bool:
-    """``entry`` (a dotted key, or ``(key, names left out)``) lies within one of ``entries``."""
+def expand(entries: list) -> list:
+    """``entries`` with each :class:`~xmc_steps.methods.Only` as its dotted keys (the form a hash lists)."""
+    return [k for e in entries for k in (e.keys if isinstance(e, Only) else [e])]
+
+
+def covered(entry: str | tuple[str, tuple[str, ...]] | Only, entries: list) -> bool:
+    """``entry`` (a dotted key, ``(key, names left out)`` or an :class:`~xmc_steps.methods.Only`) lies within
+    one of ``entries``."""
+    if isinstance(entry, Only):
+        return all(covered(k, entries) for k in entry.keys)
     key, drop = (entry, ()) if isinstance(entry, str) else entry
     for e in entries:
         k, d = (e, ()) if isinstance(e, str) else e
@@ -57,13 +66,13 @@ def covered(entry: str | tuple[str, tuple[str, ...]], entries: list) -> bool:
 #: The settings each rule passes its stage, unchanged (``params.settings``: :func:`rule_payload`), by dotted key:
 #: the methods' rules' from their specs' ``passes``.  Each is also in the rule's :data:`RULE_SETTINGS` entry, so
 #: what a rule passes is always part of its hash.
-RULE_PASSES: dict[str, list[str | tuple[str, tuple[str, ...]]]] = {}
+RULE_PASSES: dict[str, list[str | tuple[str, tuple[str, ...]] | Only]] = {}
 for _spec in registry.METHODS.values():
     for _rule in [*_spec.rule_settings, *(r for r in _spec.passes if r not in _spec.rule_settings)]:
         if _rule in RULE_SETTINGS:
             raise ValueError(f"rule '{_rule}' of method '{_spec.name}' is already in config.RULE_SETTINGS")
         _own = list(_spec.rule_settings.get(_rule, []))
-        RULE_SETTINGS[_rule] = _own + [k for k in _spec.passes.get(_rule, []) if not covered(k, _own)]
+        RULE_SETTINGS[_rule] = _own + [k for k in expand(_spec.passes.get(_rule, [])) if not covered(k, _own)]
     RULE_PASSES.update({r: list(keys) for r, keys in _spec.passes.items()})
 
 
@@ -418,14 +427,19 @@ def _without(section: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, An
 
 def rule_payload(settings: Mapping[str, Any], rule: str, wildcards: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What ``rule`` passes its stage (:data:`RULE_PASSES`): each passed section's keys unchanged, merged into
-    one object (a dotted key that is no section passes as ``{its last name: value}``).  A key two entries
+    one object (a dotted key that is no section passes as ``{its last name: value}``; an ``Only`` entry as the
+    named keys of its section).  A key two entries
     both give is an error: the payload reshapes nothing."""
     if rule not in RULE_PASSES:
         raise KeyError(f"rule '{rule}' passes no settings (config.RULE_PASSES)")
     out: dict[str, Any] = {}
     for entry in RULE_PASSES[rule]:
-        key, value = _lookup(settings, entry, wildcards)
-        part = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
+        if isinstance(entry, Only):
+            _, section = _lookup(settings, entry.key, wildcards)
+            part = {name: copy.deepcopy(section[name]) for name in entry.names}
+        else:
+            key, value = _lookup(settings, entry, wildcards)
+            part = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {key.rpartition(".")[2]: value}
         clash = sorted(set(part) & set(out))
         if clash:
             raise ValueError(f"rule '{rule}' passes {', '.join(clash)} twice (config.RULE_PASSES)")

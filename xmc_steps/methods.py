@@ -21,12 +21,29 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["lazy_exports", "MethodSpec", "BASE_SETTINGS", "TREE_SETTINGS", "no_encoders", "flat_concepts", "encoder_names", "train_length"]
+__all__ = ["lazy_exports", "MethodSpec", "Only", "BASE_SETTINGS", "TREE_SETTINGS", "no_encoders", "flat_concepts",
+           "encoder_names", "train_length"]
 
 #: the settings every stage reads (the split and the ingested data), and those of a stage that also reads the
 #: shared PIFA-TF-IDF cluster tree: the start of most rules' entries in ``rule_settings``
 BASE_SETTINGS = ["split", "ingest"]
 TREE_SETTINGS = BASE_SETTINGS + ["tfidf", "cluster"]
+
+
+
+@dataclass(frozen=True)
+class Only:
+    """A ``passes`` entry: the section ``key`` with only its keys ``names``, in its own shape (``Only("elias",
+    ("index", "stage1"))`` passes ``{"index": {...}, "stage1": {...}}``).  Its hash entries are the dotted keys
+    ``key.name`` (:func:`xmc_steps.config.expand`)."""
+
+    key: str
+    names: tuple[str, ...]
+
+    @property
+    def keys(self) -> list[str]:
+        return [f"{self.key}.{n}" for n in self.names]
+
 
 #: ``f(res, dataset, settings, variant) -> path`` of the test predictions a target is evaluated on
 Predictions = Callable[[str, str, Mapping[str, Any], "str | None"], str]

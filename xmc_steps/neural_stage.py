@@ -129,15 +129,16 @@ def load_trained(folder: str | os.PathLike, json_name: str, fmt: str,
     return model.to(neural.resolve_device(device))
 
 
-def stage_params(st, cls: type, rule: str, section: str, on: Callable[[Any], Any] = lambda p: p) -> Any:
-    """A neural stage's typed parameters, ``cls.from_dict(st.params)`` (a bad value is a StageError
-    naming it), with the device checked at once (:func:`xmc_steps.devices.require_device`: a GPU rule
+def stage_params(st, cls: type | Callable[[Any], Any], rule: str, section: str, on: Callable[[Any], Any] = lambda p: p
+                 ) -> Any:
+    """A neural stage's typed parameters, ``cls.from_dict(st.params)`` (``cls(st.params)`` for a function; a bad
+    value is a StageError naming it), with the device checked at once (:func:`xmc_steps.devices.require_device`: a GPU rule
     without a GPU fails before any work).  ``on(params)`` is the object that carries ``device`` and
     ``allow_cpu_fallback`` (GUDN's backbone); ``section`` the config section named in messages."""
     from .devices import require_device
 
     try:
-        params = cls.from_dict(st.params)
+        params = cls.from_dict(st.params) if hasattr(cls, "from_dict") else cls(st.params)
     except (TypeError, ValueError) as e:
         raise StageError(str(e)) from e
     run = on(params)

@@ -49,6 +49,8 @@ Candidates = Literal["matcher", "union", "linear"]
 Combiner = Literal["product", "ranker", "mean"]
 #: LightXML's negative labels: re-drawn from the generator at every step, or drawn once: ``{sampling}``
 Sampling = Literal["dynamic", "static"]
+#: a B-ary cluster tree's branching factor
+Branching = Literal[2, 4, 8, 16, 32, 64, 128, 256]
 #: the schema of a setting that names an encoder by its key (config.schema.json's ``$defs/encoder_key``)
 ENCODER_KEY = {"$ref": "#/$defs/encoder_key"}
 #: the splits a model fits on (``fit_on``)

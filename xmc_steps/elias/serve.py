@@ -6,8 +6,8 @@ model as its stages score the test split, then for ELIAS++ :func:`xmc_steps.elia
 The prediction parameters are saved with the model (``elias.json``'s ``predict``, written by the training
 run: :func:`saved_predict_params`), as PECOS saves its ``pred_params``: the beam ``b`` and shortlist size
 ``K`` the model was trained with, the ``yhat_power`` and batch of its settings; a caller overrides any of
-them (the predict stage with its rule's settings, ``elias.predict``; serving with the same section and
-the depth :func:`xmc_steps.elias.spec.predict_depth` asks for)."""
+them (:class:`PredictSettings`: the predict stage with its rule's settings, ``elias.predict`` and the depths
+``evaluate.topk`` and ``elias.plus.n_candidates``; serving with the same section and depths)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ import scipy.sparse as sp
 from .. import elias_plus, io, neural
 from ..layout import WEIGHTS
 from ..neural import Amp
+from ..params import Params, bounded
 from ..prediction import SavedPredictParams
 from ..serving import Features, Target, cached, ensemble_choice, ensemble_of
 from .params import EliasParams
-from .spec import ELIAS_PLUS, ELIAS_STAGE, elias_dir, elias_seeds, predict_depth, predictions
+from .spec import ELIAS_PLUS, ELIAS_STAGE, depth, elias_dir, elias_seeds, predictions
 
 META = "elias.json"
 
@@ -43,6 +44,33 @@ class PredictParams(SavedPredictParams):
     amp: Amp = EliasParams.amp
 
     _what = "ELIAS prediction parameter"
+
+
+@dataclass
+class PredictSettings(Params):
+    """What the ``elias_predict`` rule passes its stage (``elias.predict``'s keys, where it runs, and the depths it
+    asks for) and serving gives :func:`predict`: :meth:`overrides` of the model's saved :class:`PredictParams`
+    (``None``: the saved value)."""
+
+    b: int | None = bounded(None, ge=1)
+    K: int | None = bounded(None, ge=1)
+    yhat_power: float | None = bounded(None, ge=0)
+    topk: int | None = bounded(None, ge=1)  # evaluate.topk
+    n_candidates: int | None = bounded(None, ge=1)  # elias.plus.n_candidates: ELIAS++ re-ranks this deep (spec.depth)
+    shortlist_topk: int | None = bounded(None, ge=1)
+    eval_batch_size: int | None = bounded(None, ge=1)
+    amp: Amp | None = None
+    device: str = "auto"
+    allow_cpu_fallback: bool = True
+    threads: int | None = None
+
+    _what = "ELIAS prediction parameter"
+
+    def overrides(self) -> dict[str, Any]:
+        """The :class:`PredictParams` keys over the saved ones: these settings, ``topk`` the depth (:func:`depth`)."""
+        out = {k: getattr(self, k) for k in PredictParams.keys()}
+        out["topk"] = None if self.topk is None and self.n_candidates is None else depth(self.topk or 0, self.n_candidates)
+        return out
 
 
 def saved_predict_params(params: EliasParams, model: Any) -> PredictParams:
@@ -86,7 +114,7 @@ def load(model_dir: str | os.PathLike, device: Any = "cpu"):
 
 
 def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) -> sp.csr_matrix:
-    """Serving: each seed's :func:`predict` (deep enough for ELIAS++, :func:`~xmc_steps.elias.spec.predict_depth`),
+    """Serving: each seed's :func:`predict` (deep enough for ELIAS++: :class:`PredictSettings`, as the predict stage),
     then for ELIAS++ its re-rank (:func:`xmc_steps.elias_plus.predict`), the seeds ensembled."""
     el = t.settings["elias"]
     k100 = int(t.settings["evaluate"]["topk"])
@@ -99,7 +127,8 @@ def scores(t: Target, variant: str | None, f: Features, topk: int, device: str) 
         t.need(sdir / META, sdir / WEIGHTS)
         meta = io.read_json(sdir / META)
         tokens = f.tokens(meta["encoder"], meta["max_length"])
-        over = {**(el.get("predict") or {}), "topk": k100 if plain else predict_depth(t.settings)}
+        over = PredictSettings.from_dict({**(el.get("predict") or {}), "topk": k100,
+                                          "n_candidates": None if plain else el["plus"]["n_candidates"]}).overrides()
         model = cached(("elias", str(sdir), str(dev)), lambda: load(sdir, dev))
         r = predict(sdir, tokens, over, dev, progress=None, model=model)
         if plain:

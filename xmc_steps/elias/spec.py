@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..layout import INDEX, LABEL_EMB, PREDICTIONS, RECORD, SPLITS, TREE, at, record, tokens_dir, tree_name
-from ..methods import TREE_SETTINGS, MethodSpec, encoder_names, train_length
+from ..methods import TREE_SETTINGS, MethodSpec, Only, encoder_names, train_length
 
 ELIAS = "{dataset}/elias/{tree}/{enc}-{maxlen}"
 ELIAS_STAGE = ELIAS + "/stage{stage}"
@@ -45,11 +45,10 @@ def elias_seeds(settings: Mapping[str, Any], variant: str | None) -> list[int]:
     return [el["seeds"][0]]
 
 
-def predict_depth(settings: Mapping[str, Any]) -> int:
-    """How many labels ELIAS's prediction keeps per document: ``evaluate.topk``, or ELIAS++'s deeper
-    ``elias.plus.n_candidates`` (what its re-rank reads), whichever is more (the predict rule's ``topk``
-    and serving's)."""
-    return max(int(settings["evaluate"]["topk"]), int(settings["elias"]["plus"]["n_candidates"]))
+def depth(topk: int, n_candidates: int | None = None) -> int:
+    """How many labels ELIAS's prediction keeps per document: ``topk`` (``evaluate.topk``), or ELIAS++'s deeper
+    ``n_candidates`` (``elias.plus.n_candidates``, what its re-rank reads), whichever is more."""
+    return max(int(topk), int(n_candidates or 0))
 
 
 def predictions(res: str, dataset: str, settings: Mapping[str, Any], variant: str | None) -> str:
@@ -106,11 +105,12 @@ def concepts(settings: Mapping[str, Any], variant: str | None, n_labels: int | N
                 negatives=f"shortlist-{el['index']['K']}", ensemble=len(elias_seeds(settings, variant)))
 
 
-#: what both training stages and prediction read
-_STAGES = TREE_SETTINGS + ["encoders.{enc}", "elias.max_length", "elias.pooling", "elias.index", "elias.train",
-                           "elias.stage1", "elias.eval_every", "elias.amp", "elias.device", "elias.allow_cpu_fallback",
-                           "elias.head_init", "elias.head_init_l2", "elias.head_init_scale", "elias.head_refit",
-                           "elias.head_refit_select", "elias.allow_weak"]
+#: what both training stages read of the section (xmc_steps.elias.params.STAGE_KEYS, kept equal by
+#: tests/test_params.py) beside its stage's own subsection; their rules pass them unchanged (Only)
+_READ = ("max_length", "pooling", "index", "train", "eval_every", "amp", "device", "allow_cpu_fallback", "head_init",
+         "head_init_l2", "head_init_scale", "head_refit", "head_refit_select", "allow_weak")
+#: what the stages' hashes cover: both stages' (and prediction's) reads, and stage 1's subsection
+_STAGES = TREE_SETTINGS + ["encoders.{enc}", *(f"elias.{k}" for k in _READ), "elias.stage1"]
 
 
 def trees(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -128,8 +128,15 @@ SPEC = MethodSpec(
     trees=trees,
     params=(("elias", "xmc_steps.elias.params:EliasParams", ("index", "predict", "stage1", "stage2")),
             ("elias.plus", "xmc_steps.elias_plus:EliasPlusParams", ())),
-    passes={rule: ["elias.plus", "evaluate.topk"] for rule in ("elias_plus_ranker", "elias_plus_calibrate",
-                                                                "elias_plus_predict")},
+    tree="xmc_steps.elias.params:EliasSection",
+    passes={"elias_stage1": [Only("elias", _READ + ("stage1",))],
+            "elias_stage2": [Only("elias", _READ + ("stage2",))],
+            # the prediction parameters over the model's saved ones (elias.predict's keys, where it runs) and the
+            # depths its stage keeps (spec.depth: evaluate.topk, or ELIAS++'s deeper n_candidates)
+            "elias_predict": ["elias.predict", "elias.device", "elias.allow_cpu_fallback", "elias.plus.n_candidates",
+                              "evaluate.topk"],
+            **{rule: ["elias.plus", "evaluate.topk"] for rule in ("elias_plus_ranker", "elias_plus_calibrate",
+                                                                  "elias_plus_predict")}},
     rule_settings={
         "elias_stage1": _STAGES,
         "elias_stage2": _STAGES + ["elias.stage2"],

@@ -19,10 +19,15 @@ shortlist's top-``shortlist_topk`` (default ``topk``) labels by ``yhat``, and th
 ``predict_latency_ms_per_doc``: wall time of the batched encoder + index + classifier
 pass divided by the number of documents (amortised over ``eval_batch_size`` batches).
 
+``train``'s ``--params`` is the ``elias`` section its rule passes (:class:`xmc_steps.elias.params.EliasSection`;
+the stage derives its own parameters from it, :meth:`~xmc_steps.elias.params.EliasSection.stage_params`), or a
+stage's flat :class:`~xmc_steps.elias.params.EliasParams` (a run by hand).  ``predict``'s is
+:class:`xmc_steps.elias.serve.PredictSettings`.
+
 The training run is :func:`xmc_steps.elias.run.run_training` (as LightXML's is
 :func:`xmc_steps.lightxml.run.run_training`); the prediction is :func:`xmc_steps.elias.serve.predict`,
 serving's too: the parameters saved with the model (``elias.json``'s ``predict``), overridden by the
-rule's settings.
+rule's settings (``elias.predict``, and the depth: ``evaluate.topk`` or ELIAS++'s deeper ``n_candidates``).
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- CLI
 
 
-def _parse_params(st, args: argparse.Namespace, rule: str) -> EliasParams:
-    from ..elias.params import EliasParams
+def _parse_params(st, args: argparse.Namespace, rule: str, stage: int) -> EliasParams:
+    """Stage ``stage``'s parameters from the ``elias`` section its rule passes (or a stage's own, flat:
+    :func:`xmc_steps.elias.params.stage_params`)."""
+    from ..elias.params import stage_params as of_section
     from ..neural_stage import stage_params
 
-    return stage_params(st, EliasParams, rule, "elias")
+    return stage_params(st, lambda d: of_section(d, stage), rule, "elias")
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -56,7 +63,7 @@ def _train_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     stage = int(args.stage)
     with stage_run(f"elias_stage{stage}", args, outputs=[str(out / n) for n in outputs(stage)]) as st:
-        params = _parse_params(st, args, f"elias_stage{stage}")
+        params = _parse_params(st, args, f"elias_stage{stage}", stage)
         train_split_only(params.train, "ELIAS", " (ELIAS++'s ranker and its calibration need held-out validation documents)")
         run_training(st, out, stage, params, TrainingFiles(args.tokens_dir, args.labels_train, args.labels_valid,
                                                            args.tree, args.init, args.linear_model, args.tfidf_valid))
@@ -64,18 +71,18 @@ def _train_main(args: argparse.Namespace) -> None:
 
 def _predict_main(args: argparse.Namespace) -> None:
     from .. import io
-    from ..elias.serve import PredictParams, effective_params, load, predict
-    from ..neural_stage import prediction_inputs, sharded_inference
+    from ..elias.serve import PredictSettings, effective_params, load, predict
+    from ..neural_stage import prediction_inputs, sharded_inference, stage_params
 
     outs = [args.out, args.emb_out] + ([args.shortlist_out] if args.shortlist_out else [])
     with stage_run("elias_predict", args, outputs=outs) as st:
-        overrides = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's settings
-        params = _parse_params(st, args, "elias_predict")
-        meta, tokens, device = prediction_inputs(st, params, args.model, "elias.json", args.tokens)
+        settings = stage_params(st, PredictSettings, "elias_predict", "elias")   # the rule's settings
+        meta, tokens, device = prediction_inputs(st, settings, args.model, "elias.json", args.tokens)
         with st.timed("load"):
             model = load(args.model, device)
         with st.timed("predict"):
             # under torchrun every rank predicts its batches and rank 0 alone writes (neural_stage)
+            overrides = settings.overrides()
             r = sharded_inference(tokens, effective_params(meta, overrides).eval_batch_size,
                                   lambda part: predict(args.model, part, overrides, device, progress=st.log.info,
                                                        model=model))

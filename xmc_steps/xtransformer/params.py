@@ -11,8 +11,8 @@ from typing import Literal, get_args
 
 from ..ensemble import Method as EnsembleMethod
 from ..neural import Amp, Pooling
-from ..params import (DEVICE, ENCODER_KEY, FIT_ON, UNIQUE_LIST, Candidates, Combiner, NegativeKind, Params, RankerInput,
-                      Split, bounded)
+from ..params import (DEVICE, ENCODER_KEY, FIT_ON, UNIQUE_LIST, Branching, Candidates, Combiner, NegativeKind, Params,
+                      RankerInput, Split, bounded)
 from ..trainer import TrainParams
 from .ranker import XTransformerRankerParams
 
@@ -22,8 +22,6 @@ HeadInit = Literal["random", "linear"]
 Scorer = Literal["head", "head+linear"]
 #: the label indexings of §3.2 (xmc_steps.label_embedding.KINDS)
 Indexing = Literal["pifa-tfidf", "pifa-neural", "text-emb"]
-#: a B-ary tree's branching factor
-Branching = Literal[2, 4, 8, 16, 32, 64, 128, 256]
 HEAD_INITS = get_args(HeadInit)
 SCORERS = get_args(Scorer)
 
