@@ -51,3 +51,29 @@ def test_shape_mismatch_and_unknown_method():
         combine([A, _m([{0: 1.0}], L=5)])
     with pytest.raises(ValueError, match="unknown ensemble method"):
         combine([A], "median")
+
+
+def test_the_stage_takes_the_method_under_the_config_s_name(tmp_path, capsys):
+    """The ELIAS, dual-encoder and X-Transformer ensemble rules pass their section's ``ensemble`` key unchanged;
+    LightXML's ``lightxml.ensemble.method`` arrives as ``method``: the stage takes either, not both."""
+    from xmc_steps import io
+    from xmc_steps.stage import cli_main
+    from xmc_steps.stages import ensemble as ensemble_stage
+
+    io.write_table(tmp_path / "labels.parquet", {"label_id": ["a", "b", "c"]})
+    paths = []
+    for i, m in enumerate(([[0.9, 0.1, 0.0]], [[0.2, 0.7, 0.1]])):
+        paths.append(str(tmp_path / f"m{i}.parquet"))
+        io.write_predictions(paths[-1], sp.csr_matrix(np.array(m, np.float32)), 3)
+
+    def run(params, name):
+        argv = ["--predictions", *paths, "--label-table", str(tmp_path / "labels.parquet"),
+                "--out", str(tmp_path / f"{name}.parquet"), "--no-tracking", "--params", params]
+        return cli_main(ensemble_stage.main, argv)
+
+    assert run('{"ensemble": "rank-average", "topk": 2}', "e") == 0
+    assert run('{"method": "rank-average", "topk": 2}', "m") == 0
+    e, m = (io.read_predictions(tmp_path / f"{n}.parquet", 3) for n in ("e", "m"))
+    assert (e != m).nnz == 0
+    assert run('{"ensemble": "average", "method": "average"}', "both") == 2
+    assert "'ensemble' or 'method'" in capsys.readouterr().err

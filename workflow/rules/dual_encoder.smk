@@ -213,7 +213,7 @@ rule dual_encoder_ensemble:
     log:
         "logs/dual_encoder_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": S(w)["dual_encoder"]["ensemble"], "topk": S(w)["evaluate"]["topk"]}),
+        settings=PASS("dual_encoder_ensemble"),
         hash=H("dual_encoder_ensemble"),
     threads: 1
     resources:

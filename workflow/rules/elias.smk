@@ -238,7 +238,7 @@ rule elias_ensemble:
     log:
         "logs/elias_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": S(w)["elias"]["ensemble"], "topk": S(w)["evaluate"]["topk"]}),
+        settings=PASS("elias_ensemble"),
         hash=H("elias_ensemble"),
         names=lambda w: [f"seed {seed}" for seed in ES.elias_seeds(S(w), elias_variant(w))],
     threads: 1

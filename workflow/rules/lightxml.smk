@@ -120,8 +120,7 @@ rule lightxml_ensemble:
     log:
         "logs/lightxml_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": S(w)["lightxml"]["ensemble"]["method"],
-                                       "topk": S(w)["evaluate"]["topk"]}),
+        settings=PASS("lightxml_ensemble"),
         hash=H("lightxml_ensemble"),
         names=lambda w: [m.name for m in LXS.lightxml_members(S(w), w.variant)],
         valid=lambda w, input: (["--valid-predictions", *input.valid, "--valid-labels", input.Y] if input.valid else

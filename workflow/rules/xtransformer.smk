@@ -334,8 +334,7 @@ rule xtransformer_ensemble:
     log:
         "logs/xtransformer_ensemble/{dataset}-{variant}.log",
     params:
-        settings=lambda w: json.dumps({"method": XTS.xt_spec(S(w), xt_variant(w))["ensemble"],
-                                       "topk": S(w)["evaluate"]["topk"]}),
+        settings=PASS("xtransformer_ensemble", ensemble=lambda w: XTS.xt_spec(S(w), xt_variant(w))["ensemble"]),
         hash=H("xtransformer_ensemble"),
         names=lambda w: [m.name for m in XTS.xt_members(S(w), xt_variant(w))],
     threads: 1

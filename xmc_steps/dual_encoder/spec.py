@@ -108,7 +108,8 @@ SPEC = MethodSpec(
             "dual_encoder_ranker": ["dual_encoder.ranker", "evaluate.topk"],
             "dual_encoder_ranker_fuse": ["dual_encoder.ranker", "evaluate.topk"],
             "dual_encoder_ranker_predict": ["dual_encoder.ranker", "evaluate.topk"],
-            "linear_tree_valid_predict": ["xr_linear"]},
+            "linear_tree_valid_predict": ["xr_linear"],
+            "dual_encoder_ensemble": ["dual_encoder.ensemble", "evaluate.topk"]},
     rule_settings={
         "dual_encoder_train": TREE_SETTINGS + ["encoders.{enc}"],
         "dual_encoder_predict": _MODEL,

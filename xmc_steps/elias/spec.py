@@ -136,7 +136,8 @@ SPEC = MethodSpec(
             "elias_predict": ["elias.predict", "elias.device", "elias.allow_cpu_fallback", "elias.plus.n_candidates",
                               "evaluate.topk"],
             **{rule: ["elias.plus", "evaluate.topk"] for rule in ("elias_plus_ranker", "elias_plus_calibrate",
-                                                                  "elias_plus_predict")}},
+                                                                  "elias_plus_predict")},
+            "elias_ensemble": ["elias.ensemble", "evaluate.topk"]},
     rule_settings={
         "elias_stage1": _STAGES,
         "elias_stage2": _STAGES + ["elias.stage2"],

@@ -224,6 +224,8 @@ SPEC = MethodSpec(
             "xtransformer_valid_predict": [("xtransformer.ranker", TRAIN_ONLY), "xtransformer.matcher.topb",
                                            "evaluate.topk"],
             "xtransformer_select": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb",
-                                    "evaluate.topk"]},
+                                    "evaluate.topk"],
+            # the method is the variant's (the rule gives it, from its {variant})
+            "xtransformer_ensemble": ["evaluate.topk"]},
     patterns={"XT_TREE": XT_TREE, "XT_LINEAR": XT_LINEAR, "XT": XT, "XT_MATCHER": XT_MATCHER, "XT_RANKER": XT_RANKER,
               "XT_PREDICT": XT_PREDICT, "XT_RANKER_VALID": XT_RANKER_VALID, "XT_ENSEMBLE": XT_ENSEMBLE, "XT_SELECTION": XT_SELECTION})
