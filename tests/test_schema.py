@@ -150,3 +150,32 @@ for bad in ({"power": 0}, {"nope": 1}):
     assert out[3].startswith("unknown key 'defaults.toymethod.nope' (allowed here: power, smoothing, topk)")
     assert registry.METHODS.keys().isdisjoint({"toymethod"})
 
+
+def test_every_setting_of_every_tree_has_its_one_line_doc():
+    """A setting's documentation is declared once, as the comment beside its field (the schema's description,
+    `xmc params <method>`'s commented YAML): every setting of every method's tree has one, inherited fields
+    included.  config.yaml's own comments are written by hand (measurements, the papers' readings) and its values
+    are the trees' defaults (tests/test_params.py)."""
+    import dataclasses
+
+    from xmc_steps.params import Params
+    from xmc_steps.skeleton import field_docs
+
+    missing = []
+
+    def walk(cls, where):
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if not f.metadata.get("setting", True):
+                continue
+            d = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if isinstance(d, Params):
+                walk(type(d), f"{where}.{f.name}")
+            elif not docs.get(f.name):
+                missing.append(f"{where}.{f.name} ({cls.__name__})")
+
+    for section, ref in schema.generated_sections().items():
+        walk(schema.load_class(ref), section)
+    assert not missing, missing
+    lx = schema.build()["$defs"]["lightxml"]["properties"]
+    assert lx["dropout"]["description"].startswith("on that representation")      # inherited from LightXMLParams

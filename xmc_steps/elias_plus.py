@@ -49,11 +49,11 @@ class EliasPlusParams(Params):
     Each label's ranker trains on the documents whose candidates hold it (the candidates play the
     role of TFN negatives), so there is no negatives setting."""
 
-    n_candidates: int = bounded(300, ge=1)
-    calibrate_top: int = bounded(100, ge=1)
-    neural_weight: float = bounded(1.0, gt=0)
+    n_candidates: int = bounded(300, ge=1)  # the first stage's top candidates the ranker trains on and scores
+    calibrate_top: int = bounded(100, ge=1)  # the calibration orders the ranker's top this many (the answer)
+    neural_weight: float = bounded(1.0, gt=0)  # the embedding's weight beside the TF-IDF in the ranker's features
     transform: Transform = bounded("l3-hinge", setting=False)  # the ranker's score transform (the default's)
-    uncalibrated: Literal["product", "ranker"] = "product"
+    uncalibrated: Literal["product", "ranker"] = "product"  # the score without calibration (the -ranker target)
     max_depth: int | None = bounded(5, ge=1)   # the calibration tree's; None: grown until its leaves are pure
                                    # (scikit-learn's default, §3.5's "standard decision tree")
     calibrate_docs: int | None = bounded(None, ge=1)  # the calibration fits on this many validation documents

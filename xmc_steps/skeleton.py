@@ -29,7 +29,18 @@ __all__ = ["field_docs", "skeleton", "method_skeleton", "render_yaml"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: comment}`` of the comments beside (and continuing below) a dataclass's fields."""
+    """``{field: comment}`` of the comments beside (and continuing below) a dataclass's fields, those its
+    dataclass bases declare included (a field the class declares again takes its own comment, if any)."""
+    out: dict[str, str] = {}
+    for c in reversed(cls.__mro__):
+        if c is not cls and dataclasses.is_dataclass(c):
+            out.update(_own_field_docs(c))
+    out.update(_own_field_docs(cls))
+    return out
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """``{field: comment}`` of the fields ``cls``'s own source declares."""
     try:
         src = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

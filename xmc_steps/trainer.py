@@ -161,11 +161,11 @@ class TrainParams(Params):
     lr: float | None = bounded(5e-5, gt=0)  # learning rate of the groups without their own
     warmup: float | None = bounded(None, ge=0, lt=1)  # warm-up as a fraction of the steps ...
     warmup_steps: int | None = bounded(None, ge=0)  # ... or in steps (overrides warmup); neither: no warm-up
-    weight_decay: float = bounded(0.01, ge=0)
+    weight_decay: float = bounded(0.01, ge=0)  # AdamW's, of the weights (biases and LayerNorm excepted)
     max_grad_norm: float = 1.0    # <= 0: no clipping
     checkpoint_every: int = 500   # steps; <= 0: only at the end and on SIGTERM
-    log_every: int = bounded(10, ge=1)
-    seed: int = bounded(0, ge=0)
+    log_every: int = bounded(10, ge=1)  # steps between the log's loss lines
+    seed: int = bounded(0, ge=0)  # the run's seed (the head's start, the batches' order, dropout)
     length_bucket: int = bounded(0, ge=0)  # > 0: batches of similar lengths from windows of this many batches (Trainer)
     schedule: Schedule = "linear"  # after the warm-up: linear (decay to 0 at the last step) | constant (LightXML)
     fit_valid: bool = False       # true: train on train + valid, every training document (the valid ones are then

@@ -68,7 +68,7 @@ class DualEncoderParams(Params):
     exact_max_labels: int = bounded(EXACT_MAX, ge=1)  # HNSW above (xmc_steps.ann.EXACT_MAX, measured: docs/ann.md)
     allow_weak: bool = False                 # true: a model below the guard's baselines only warns
     amp: Amp = "auto"                        # training and inference
-    device: str = "auto"
+    device: str = "auto"             # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True          # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
     nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)

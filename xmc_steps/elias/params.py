@@ -161,7 +161,7 @@ class EliasParams(Params):
 class EliasCluster(Params):
     """``elias.cluster``: stage 1's clusters, the finest level of this tree (PIFA-TF-IDF, balanced k-means)."""
 
-    branching: Branching = 16
+    branching: Branching = 16     # the tree's branching factor
     leaf_size: int = bounded(100, ge=1)  # the paper's rule (§4, as LightXML): C = 2^ceil(log2(L / leaf_size)) ...
     min_clusters: int = bounded(64, ge=1)  # ... but at least this many (ours: debtags' 572 labels would get 8)
 
@@ -274,7 +274,7 @@ class EliasSection(Params):
     stage2: EliasStage2 = field(default_factory=EliasStage2)
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per stage; 0: none
     amp: Amp = "auto"               # training and inference
-    device: str = bounded("auto", schema=DEVICE)
+    device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]: training and inference
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
     nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)

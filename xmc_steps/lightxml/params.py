@@ -58,11 +58,11 @@ class LightXMLParams(Params):
     swa_start: float = bounded(0.5, ge=0, le=1)  # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = bounded(0.2, gt=0)  # ... adding the weights every this many epochs
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per run; 0: none
-    eval_max_docs: int = bounded(2000, ge=1)
+    eval_max_docs: int = bounded(2000, ge=1)  # the validation points' subset of the valid split
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, predict)
     allow_weak: bool = False          # true: a model no better than the frequency prior only warns
     amp: Amp = "auto"                 # training and inference
-    device: str = bounded("auto", schema=DEVICE)
+    device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True   # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
     nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)

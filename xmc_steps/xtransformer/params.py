@@ -58,7 +58,7 @@ class MatcherParams(Params):
     eval_max_docs: int = bounded(2000, ge=1)  # validation subset size (fixed, seeded by train.seed)
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation and prediction)
     amp: Amp = "auto"               # training and inference
-    device: str = bounded("auto", schema=DEVICE)
+    device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
     nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
@@ -79,7 +79,7 @@ class MatcherParams(Params):
 class XTCluster(Params):
     """``xtransformer.cluster``: the matcher's clusters, the finest level of this tree."""
 
-    branching: Branching = 16
+    branching: Branching = 16     # the tree's branching factor B
     leaf_size: int = bounded(100, ge=1)  # the paper's rule (Table 2, as Parabel): K = 2^ceil(log2(L / 100))
 
     _what = "X-Transformer cluster parameter"
@@ -91,8 +91,8 @@ class XTEmbed(Params):
 
     encoder: str | None = bounded(None, schema={"anyOf": [ENCODER_KEY, {"type": "null"}]})  # the encoder key both
                                     # indexings embed with, for every member; None: each member's matcher encoder
-    max_length: int = bounded(32, ge=2)
-    batch_size: int = bounded(128, ge=1)
+    max_length: int = bounded(32, ge=2)  # tokens per text embedded
+    batch_size: int = bounded(128, ge=1)  # texts per inference batch
     allow_cpu_fallback: bool = True  # this GPU rule may run on the CPU (false: fail without a GPU)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: each embeds a share under torchrun
     nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)

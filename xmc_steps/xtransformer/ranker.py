@@ -35,14 +35,14 @@ class XTransformerRankerParams(Params):
     candidate clusters and combiner at prediction, and the solver (:class:`RankerParams`,
     ``xtransformer.ranker.solver``)."""
 
-    ranker_input: RankerInput = "tfidf+neural"
-    neural_weight: float = bounded(1.0, gt=0)
+    ranker_input: RankerInput = "tfidf+neural"  # tfidf | tfidf+neural: the rankers' features (Eq. 2's phi)
+    neural_weight: float = bounded(1.0, gt=0)  # the L2-normalised embedding's weight beside the TF-IDF block
     negatives: NegativeKind = "tfn+man"  # the instances each cluster's rankers train on
     topb: int = bounded(10, setting=False)  # clusters taken from each candidate source (xtransformer.matcher.topb)
     topk: int = bounded(100, setting=False)  # labels written per document (evaluate.topk)
     candidates: Candidates = "union"  # matcher (the paper) | union (matcher top-b + linear tree beam) | linear
-    combiner: Combiner = "product"
-    transform: Transform = "l3-hinge"
+    combiner: Combiner = "product"  # Eq. 2's sigma: how the matcher's and the rankers' scores combine
+    transform: Transform = "l3-hinge"  # the rankers' margin transform before combining
     threads: int = bounded(1, ge=1, setting=False)  # clusters trained in parallel (the stage's --threads)
     solver: RankerParams = field(default_factory=RankerParams)
 
