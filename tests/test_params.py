@@ -98,12 +98,14 @@ DEFAULTS_ALLOWED_KEYS = {"encoder", "max_length"}
 def _defaults_sections() -> list[tuple[str, str]]:
     """Each method's config sections and their parameter classes (the registry's specs), but ELIAS's own
     section (its stages' defaults differ: :func:`_elias_stage`) and maps (``*``)."""
-    from xmc_steps import registry
+    from xmc_steps import registry, schema
 
     out = [(where, ref) for spec in registry.METHODS.values() for where, ref, _ in spec.params
            if "*" not in where and where != "elias"]
-    # each method's parameter tree, its whole section (xmc_steps.schema generates the schema's from it)
-    return out + [(spec.section, spec.tree) for spec in registry.METHODS.values() if spec.tree]
+    # each method's parameter tree, its whole section, and the shared sections' trees (xmc_steps.schema generates
+    # the schema's from them)
+    return out + [(spec.section, spec.tree) for spec in registry.METHODS.values() if spec.tree] + \
+        list(schema.SHARED_SECTIONS.items())
 
 
 DEFAULTS_SECTIONS = _defaults_sections()

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: section of the schema's settings, ``"module:Class"``, sub-sections whose keys are fields of the same
 #: class); ``*`` is every key of a map
 SECTIONS = [entry for spec in registry.METHODS.values() for entry in spec.params]
-#: the settings sections no parameter class reads (their stages take flags or read them as they are);
+#: the settings sections no stage's parameter class reads (their stages take flags or read them as they are; the
+#: shared ones are declared as trees in xmc_steps/sections.py, which the schema is generated from);
 #: their subsections with a class are in SECTIONS
 NO_CLASS = {"split", "ingest", "tfidf", "encoders", "tokenize", "cluster", "evaluate", "threads",
             "xtransformer", "resources", "suggestions", "seeds"}

@@ -2,8 +2,10 @@
 
 ``workflow/schemas/config.schema.json`` (what the workflow validates ``config.yaml`` with) is built from
 
-* ``workflow/schemas/config.base.json``, written by hand: the top level and the shared sections that no
-  parameter class reads (``split``, ``tfidf``, ``cluster``, ``evaluate``, ...);
+* ``workflow/schemas/config.base.json``, written by hand: the top level and the settings that are no section
+  (``encoders``, a map; ``threads``, ``seeds``, ``resources``);
+* the shared sections' trees (:data:`SHARED_SECTIONS`, :mod:`xmc_steps.sections`: ``split``, ``tfidf``,
+  ``cluster``, ``evaluate``, ...);
 * each registered method's parameter tree (:attr:`xmc_steps.methods.MethodSpec.tree`, a class shaped like
   its config section): every setting's type, choices (``Literal``), bounds (:func:`xmc_steps.params.bounded`)
   and one-line doc (the comment beside the field) as the class declares them;
@@ -129,11 +131,18 @@ def resource_rules(rules_dir: Path = RULES_DIR) -> list[str]:
     return sorted(names)
 
 
+#: the shared sections' trees (:mod:`xmc_steps.sections`), no method's
+SHARED_SECTIONS = {"split": "xmc_steps.sections:SplitSection", "ingest": "xmc_steps.sections:IngestSection",
+                   "tfidf": "xmc_steps.sections:TfidfSection", "tokenize": "xmc_steps.sections:TokenizeSection",
+                   "cluster": "xmc_steps.sections:ClusterSection", "evaluate": "xmc_steps.sections:EvaluateSection",
+                   "suggestions": "xmc_steps.sections:SuggestionsSection"}
+
+
 def generated_sections() -> dict[str, str]:
-    """``{config section: "module:Class"}``: each registered method's parameter tree."""
+    """``{config section: "module:Class"}``: the shared sections' trees and each registered method's."""
     from . import registry
 
-    return {spec.section: spec.tree for spec in registry.METHODS.values() if spec.tree}
+    return {**SHARED_SECTIONS, **{spec.section: spec.tree for spec in registry.METHODS.values() if spec.tree}}
 
 
 def build(base_path: Path = BASE_PATH, rules_dir: Path = RULES_DIR) -> dict[str, Any]:
