@@ -165,8 +165,8 @@ def test_the_parameter_classes_default_to_config_yaml():
 
 
 def _elias_stage(el: dict, stage: int) -> tuple[dict, EliasParams]:
-    """What a stage's rule passes (workflow/rules/elias.smk's elias_params: the section's shared keys,
-    ``index``, ``train`` under ``stageN.train``, ``stageN``) and the class's default for that stage
+    """What a stage's settings come to (the section's shared keys, ``index``, ``train`` under ``stageN.train``,
+    ``stageN``: the flattening EliasSection.stage_params does, :func:`_old_elias_payload`) and the class's default for that stage
     (:data:`xmc_steps.elias.params.STAGE_DEFAULTS` filled in)."""
     import dataclasses
 

@@ -3,8 +3,8 @@
 Readings and measured choices: docs/methods/elias.md (the model and its equations, staged training,
 the sizes from the data, the linear start, choosing the defaults, the guard; the test-split tables).
 
-Files: :mod:`.params` (:class:`EliasParams`), :mod:`.model` (the network, the index
-initialisation of Eqs. 9-10, inference, saving and loading), :mod:`.loss` (:func:`elias_loss`),
+Files: :mod:`.params` (:class:`EliasSection`, the ``elias`` section; :class:`EliasParams`, a stage's),
+:mod:`.model` (the network, the index initialisation of Eqs. 9-10, inference, saving and loading), :mod:`.loss` (:func:`elias_loss`),
 :mod:`.train` (the training driver: SWA, ``wl_decay``, evaluation), :mod:`.run` (a training run as its
 stage runs it: inputs, model, training, guard, outputs), :mod:`.serve` (the one prediction path of a
 trained folder, the predict stage's and serving's: :class:`~.serve.PredictParams`, :func:`~.serve.predict`);
@@ -20,6 +20,7 @@ _EXPORTS = {
     "STAGE_DEFAULTS": ".params",
     "EliasModel": ".model",
     "EliasParams": ".params",
+    "EliasSection": ".params",
     "GuardReport": "..guard",
     "Shortlist": ".model",
     "adjacency_from_assignment": ".model",
