@@ -117,12 +117,12 @@ rule elias_predict:
         hash=H("elias_predict"),
         model=folder_of("input", "model"),
         phase=lambda w: "predict" if w.split == "test" else "train",  # train/valid predictions feed ELIAS++
-        launch=launch(lambda w: {**S(w)["elias"], **S(w)["elias"][f"stage{w.stage}"]}),
+        launch=launch(lambda w: S(w)["elias"]),
     threads: threads_of
     resources:
         mem_mb=res("elias_predict", "mem_mb", 16000),
         runtime=res("elias_predict", "runtime", 240),
-        gpu=gpus(lambda w: {**S(w)["elias"], **S(w)["elias"][f"stage{w.stage}"]}),
+        gpu=gpus(lambda w: S(w)["elias"]),
     conda:
         "../../envs/gpu.yaml"
     shell:
