@@ -288,6 +288,26 @@ def sharded_inference(tokens: neural.TokenData, batch_size: int,
     return out
 
 
+def sharded_embed(encoder: nn.Module, tokens: neural.TokenData, batch_size: int, device: torch.device | str,
+                  amp: str = "auto", progress: Callable[..., Any] | None = None) -> tuple[np.ndarray | None, float]:
+    """``(emb, seconds)``: :func:`xmc_steps.neural.embed` of every text of ``tokens`` by ``encoder`` (a text
+    encoder, or the dual encoder's unit-norm model), split over the ranks by :func:`sharded_inference`:
+    the training stages' passes at the end of training (the matcher's embeddings of every split, ELIAS's
+    and LightXML's fine-tuned embeddings of the training texts, the dual encoder's label table).  Every
+    rank must call it (with the same weights: after a DDP run they are); rank 0 gets the embeddings of all
+    texts, in their order (the one-process rows, bit for bit on the CPU), the other ranks ``None``.
+    ``seconds`` is the slowest rank's pass (rank 0; 0 elsewhere)."""
+    import time
+
+    def run(part: neural.TokenData) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        e = neural.embed(encoder, part, batch_size, device, amp, progress=progress)
+        return {"emb": e, "seconds": time.perf_counter() - t0}
+
+    r = sharded_inference(tokens, batch_size, run, rows=("emb",))
+    return (None, 0.0) if r is None else (r["emb"], float(r["seconds"]))
+
+
 def curve_logger(st, ckpt_dir: str | os.PathLike, keys: tuple[str, ...]):
     """``(curve, on_step)``: the validation curve kept beside the checkpoints (``curve.json``, so a resumed
     run continues it; :class:`xmc_steps.curves.CurveLog`) and the trainer's step callback, which logs every

@@ -27,7 +27,8 @@ from ..curves import CurveLog, plot_curve
 from ..errors import StageError
 from ..guard import enforce
 from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..neural_stage import (load_tokens, record_training, remove_checkpoints, save_trained, sharded_embed,
+                            training_device)
 from .guard import top1_precision
 from .matcher import (FORMAT, cluster_targets, finish_matcher, head_linear_topb, load_cluster_assignment,
                       topb_from_emb, train_matcher)
@@ -124,19 +125,19 @@ def run_training(st, out: str | os.PathLike, params: MatcherParams, files: Train
             except OSError as e:
                 raise StageError(f"encoder '{params.encoder}' cannot be loaded: {e}") from e
         record_training(st, trainer)
-        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
-            return
-        st.metric("train_epochs", trainer.step * params.train.batch_size * params.train.grad_accum / max(len(tokens["train"]), 1))
-
         n_pred, t_pred = 0, 0.0
         embs = {}
         for s in ("valid", "train", "test"):
+            # every rank embeds its share of the split's batches and rank 0 gathers them (neural_stage)
             with st.timed(f"predict_{s}"):
-                t0 = time.perf_counter()
-                embs[s] = neural.embed(model.encoder, tokens[s], params.eval_batch_size, trainer.device, params.amp,
-                                       progress=st.log.info)
-                t_pred += time.perf_counter() - t0
+                embs[s], secs = sharded_embed(model.encoder, tokens[s], params.eval_batch_size, trainer.device,
+                                              params.amp, progress=st.log.info)
+                t_pred += secs
                 n_pred += len(tokens[s])
+        if not trainer.is_main:      # with several processes rank 0 alone re-fits the head, checks and writes
+            return
+        st.metric("train_epochs", trainer.step * params.train.batch_size * params.train.grad_accum / max(len(tokens["train"]), 1))
+
         with st.timed("head_and_guard"):
             report, head = finish_matcher(model, embs["train"], M_train, embs["valid"], M_valid, params,
                                           trainer.device, linear_valid, fuse=len(linear) == len(SPLITS))
