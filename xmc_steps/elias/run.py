@@ -27,7 +27,7 @@ from ..errors import StageError
 from ..guard import Advice, check_stage, enforce, guard_width, linear_tree_valid, message
 from ..layout import CURVE, GUARD, WEIGHTS
 from ..neural_stage import (curve_logger, load_tokens, record_training, remove_checkpoints, save_trained,
-                            training_device)
+                            sharded_embed, training_device)
 from ..trainer import digest, list_checkpoints
 from .model import (FORMAT, adjacency_from_assignment, build_model, cluster_topb, copy_stage1_weights,
                     init_adjacency, linear_start, partition_start, predict, refit_heads, shortlist_metrics)
@@ -279,7 +279,12 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
             trainer = train_elias(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                   valid=(tokens["valid"], Y_valid), fingerprint=extra_fp)
         record_training(st, trainer)
-        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+        emb_train = None
+        if stage == 1:      # the fine-tuned embeddings of the training texts: the re-fit and Eq. 9's M
+            with st.timed("embed_train"):      # every rank its share of the batches, gathered on rank 0
+                emb_train, _ = sharded_embed(model.encoder, tokens["train"], params.eval_batch_size, trainer.device,
+                                             params.amp, progress=st.log.info)
+        if not trainer.is_main:      # with several processes rank 0 alone validates, checks and writes
             return
         gw = guard_width(model.K, L)
 
@@ -291,11 +296,7 @@ def run_training(st, out: str | os.PathLike, stage: int, params: EliasParams, fi
 
         with st.timed("valid"):
             r, m = valid_eval()
-        emb_train = None
-        if stage == 1:      # the fine-tuned embeddings of the training texts: the re-fit and Eq. 9's M
-            with st.timed("embed_train"):
-                emb_train = neural.embed(model.encoder, tokens["train"], params.eval_batch_size, trainer.device,
-                                         params.amp, progress=st.log.info)
+        if stage == 1:
             if params.head_refit:
                 with st.timed("head_refit"):
                     (r, m), kept, evals = refit_heads(model, emb_train, Y_train, params.head_init_l2,
