@@ -31,7 +31,8 @@ from ..curves import plot_curve
 from ..errors import StageError
 from ..layout import CURVE, WEIGHTS
 from ..guard import enforce, frequency_prior, prior_check
-from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
+from ..neural_stage import (load_tokens, record_training, remove_checkpoints, save_trained, sharded_embed,
+                            training_device)
 from .model import FORMAT, build_model
 from .params import LightXMLParams
 from .serve import PredictParams
@@ -161,13 +162,17 @@ def run_training(st, out: str | os.PathLike, params: LightXMLParams, data: Train
             trainer = train_lightxml(model, tokens["train"], Y_train, params, ckpt_dir, st.log, on_step,
                                      valid=(tokens["valid"], Y_valid), guide=guide)
         record_training(st, trainer)
-        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+        head = emb_train = None
+        if params.head_refit:   # the fine-tuned encoder's representations of the training texts: every rank
+            with st.timed("head_refit"):        # its share of the batches, gathered on rank 0
+                emb_train, _ = sharded_embed(model.encoder, tokens["train"], params.eval_batch_size, trainer.device,
+                                             params.amp, progress=st.log.info)
+        if not trainer.is_main:      # with several processes rank 0 alone validates, checks and writes
             return
-        head = None
         if params.head_refit:
             with st.timed("head_refit"):
                 head = refit_generator(model, tokens["train"], Y_train, (tokens["valid"], Y_valid), params,
-                                       trainer.device, st.log)
+                                       trainer.device, st.log, emb=emb_train)
             st.metric("valid_p_at_1_trained_generator", head["trained"])
             st.metric("valid_p_at_1_refit_generator", head["refit"])
             if "refit_discriminator" in head:

@@ -129,7 +129,7 @@ def linear_start(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix,
 
 def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatrix,
                     valid: tuple[neural.TokenData, sp.spmatrix], params: LightXMLParams,
-                    device: torch.device | str, log: logging.Logger) -> dict[str, Any]:
+                    device: torch.device | str, log: logging.Logger, emb: np.ndarray | None = None) -> dict[str, Any]:
     """``head_refit``: the generator re-fit as the linear start is fit (:func:`linear_start`), on the
     *fine-tuned* encoder's representations of the training texts, and kept when the model's valid P@1
     is higher with it than with the trained generator; a clustered model then also tries its label
@@ -146,13 +146,15 @@ def refit_generator(model: LightXMLModel, tokens: neural.TokenData, Y: sp.spmatr
     generator (at ``lr_generator``) can follow over thousands of rare labels; the closed form catches
     the generator up, as the X-Transformer matcher's ``head_refit`` does for its head.
     A clustered model's discriminator drifts the same way (yso-finna-sv-50k clustered: xmc_steps/lightxml,
-    "The clustered start")."""
+    "The clustered start").  ``emb``: those representations when already computed (the stage's pass shared
+    by the ranks, :func:`xmc_steps.neural_stage.sharded_embed`)."""
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
     m = {"trained": valid_metrics(model, valid[0], valid[1], params, device)}
     trained = {k: v.detach().clone() for k, v in model.state_dict().items() if k.startswith(("generator.", "label_emb."))}
-    emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
+    if emb is None:
+        emb = neural.embed(model.encoder, tokens, params.eval_batch_size, device, params.amp, progress=log.info)
     _fit_generator(model, emb, Y, params)
     m["refit"] = valid_metrics(model, valid[0], valid[1], params, device)
     if not model.flat:      # on top of the re-fit generator, the label embeddings re-fit too
