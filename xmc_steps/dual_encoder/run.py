@@ -24,8 +24,9 @@ from ..curves import plot_curve
 from ..errors import StageError
 from ..guard import check, enforce, guard_width, linear_tree_valid, message, report_dict
 from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import curve_logger, load_tokens, record_training, remove_checkpoints, training_device
-from .model import JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, encode, label_tokens, save_dual_encoder
+from ..neural_stage import (curve_logger, load_tokens, record_training, remove_checkpoints, sharded_embed,
+                            training_device)
+from .model import JSON, LABEL_EMB, LABEL_INDEX, build_label_index, build_model, label_tokens, save_dual_encoder
 from .params import DualEncoderParams
 from .serve import PredictParams
 from .train import GUARD_ADVICE, frequency_prior, train_dual_encoder, valid_metrics
@@ -143,10 +144,11 @@ def run_training(st, out: str | os.PathLike, params: DualEncoderParams, files: T
             trainer = train_dual_encoder(model, tokens["train"], Y_train, ltok, params, ckpt_dir, w, st.log,
                                          on_step, valid=(tokens["valid"], Y_valid))
         record_training(st, trainer)
-        if not trainer.is_main:      # with several processes rank 0 alone predicts, checks and writes
+        with st.timed("label_emb"):     # every rank encodes its share of the label texts, gathered on rank 0
+            label_emb, _ = sharded_embed(model, ltok, params.eval_batch_size, trainer.device, params.amp, st.log.info)
+        if not trainer.is_main:      # with several processes rank 0 alone validates, checks and writes
             return
         with st.timed("label_emb"):
-            label_emb = encode(model, ltok, params.eval_batch_size, trainer.device, params.amp, st.log.info)
             index = build_label_index(label_emb, params.search, params.exact_max_labels, params.train.seed)
         st.extra["label_index"] = index.kind
         with st.timed("valid"):
