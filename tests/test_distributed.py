@@ -20,6 +20,7 @@ tests check that they are caught (> 50 x TOL).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -207,7 +208,9 @@ def test_kill_9_of_one_rank_ends_the_run_and_the_rerun_resumes_from_the_last_che
     assert r.returncode != 0
     err = r.stderr + r.stdout
     assert "exitcode  : -9" in err and "Signal 9 (SIGKILL)" in err                  # rank 1's kill, reported
-    assert "Connection closed by peer" in err                                     # rank 0 failed, not waiting
+    # rank 0 failed at its next collective, not waiting (gloo: the peer closed or reset the connection); on a loaded
+    # machine torchrun's SIGTERM, sent once rank 1's death is seen, may reach rank 0 before that collective does
+    assert re.search(r"Connection (closed|reset) by peer|exitcode  : -15 .*\(SIGTERM\)", err), err[-3000:]
     assert took < 60, f"the run took {took:.0f} s after a kill -9 (collective timeout 60 s)"
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000001", "step-00000002"]
     assert not (tmp_path / "cut" / "generic.npz").exists()
