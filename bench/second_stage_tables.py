@@ -108,7 +108,7 @@ def ensemble_table(res: str, dataset: str, target: str) -> list[str]:
     rows = []
     for name, weights, member in ensemble.candidates(len(members)):
         label = names[member] if member is not None else name
-        P = topk_per_row(members[member], topk) if member is not None else ensemble.combine(members, method, topk, weights)
+        P = ensemble.ranking(members, method, topk, weights, member)
         test = second_stage.measure(P, Yt).figures
         rows.append(_row(label + (" (input: the best member)" if label == record["input"] else "")
                          + (" **chosen**" if label == record["chosen"] else ""), record["table"].get(label), test))

@@ -86,6 +86,15 @@ def combine(members: list[sp.csr_matrix], method: str = "average", topk: int = 1
     return topk_per_row(out, topk)
 
 
+def ranking(members: list[sp.csr_matrix], method: str, topk: int, weights: list[float] | None = None,
+            member: int | None = None) -> sp.csr_matrix:
+    """One :func:`candidates` entry's ranking: ``member`` alone (its top ``topk``), or the combination at
+    ``weights``; the ensemble stage, its validation choice, serving and the bench all rank through it."""
+    if member is not None:
+        return topk_per_row(sp.csr_matrix(members[int(member)]), topk)
+    return combine(members, method, topk, weights)
+
+
 #: the first member's weights an ensemble of two is measured at on validation (the plain mean is 0.5)
 WEIGHTS = (0.25, 0.5, 0.75)
 

@@ -196,13 +196,12 @@ def ensemble_of(members: list[sp.csr_matrix], method: str, topk: int,
                 choice: Mapping[str, Any] | None = None) -> sp.csr_matrix:
     """The members' scores combined as the ensemble stage combines their tables (one member: itself), under
     the ``choice`` the stage made on validation (its ``--choice-out``: one member alone, or the weights)."""
-    from .ensemble import combine
-    from .search import topk_per_row
+    from .ensemble import ranking
 
     choice = choice or {}
-    if choice.get("member") is not None:
-        return topk_per_row(sp.csr_matrix(members[int(choice["member"])]), topk)
-    return members[0] if len(members) == 1 else combine(members, method, topk, choice.get("weights"))
+    if len(members) == 1 and choice.get("member") is None:
+        return members[0]
+    return ranking(members, method, topk, choice.get("weights"), choice.get("member"))
 
 
 # --------------------------------------------------------------------------- scores

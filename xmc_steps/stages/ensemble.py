@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 
 from .. import ensemble, io, second_stage
-from ..search import topk_per_row
 from ..stage import StageError, add_common_args, cli_main, stage_run
 
 
@@ -31,7 +30,7 @@ def _choose(args, st, L: int, names: list[str], method: str, topk: int):
     rankings, how = {}, {}
     for name, weights, member in ensemble.candidates(len(valid)):
         label = names[member] if member is not None else name
-        P = topk_per_row(valid[member], topk) if member is not None else ensemble.combine(valid, method, topk, weights)
+        P = ensemble.ranking(valid, method, topk, weights, member)
         rankings[label] = second_stage.measure(P, Y)
         how[label] = (weights, member)
         st.log.info("validation %s: %s", label, ", ".join(f"{k} {v:.2f}" for k, v in rankings[label].figures.items()))
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             st.extra["second_stage"] = {"measured": False, "why": args.unmeasured}
         try:
-            P = topk_per_row(members[member], topk) if member is not None else ensemble.combine(members, method, topk, weights)
+            P = ensemble.ranking(members, method, topk, weights, member)
         except ValueError as e:
             raise StageError(str(e)) from e
         io.write_predictions(args.out, P, topk)
