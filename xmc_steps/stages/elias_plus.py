@@ -93,14 +93,16 @@ def _calibrate_cli(args) -> None:
         Xr, cand = _inputs(args, st, p, L)
         rows = elias_plus.calibration_rows(Xr.shape[0], p.calibrate_docs, p.seed)
         freq = elias_plus.label_train_freq(args.model)
-        h_all = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias) if args.valid_out else None
-        cand_all = cand
+        # the ranker's margins, once: of every row where they are all needed, else of the calibration's rows
+        h_all = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias) if args.valid_out or rows is None else None
+        cand_all, h = cand, h_all
         if rows is not None:
             st.log.info("calibration on %d of the %d validation documents (calibrate_docs, seed %d)",
                         len(rows), Xr.shape[0], p.seed)
             Xr, cand, Y = Xr[rows], cand[rows], Y[rows]
+            h = (elias_plus.candidate_rows(cand_all, h_all, rows)[1].astype(h_all.dtype) if h_all is not None
+                 else elias_plus.ranker_scores(Xr, W, cand, p.solver.bias))
         st.metric("n_fit_docs", Xr.shape[0])
-        h = elias_plus.ranker_scores(Xr, W, cand, p.solver.bias)
         what, section = {"dual-encoder": ("the dual encoder's ranker", "dual_encoder.ranker")}.get(
             args.method, ("ELIAS++'s ranker", "elias.plus"))
         oof: dict = {}
