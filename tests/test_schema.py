@@ -26,6 +26,34 @@ def test_the_committed_schema_is_the_generated_one():
         "workflow/schemas/config.schema.json is stale: run python -m xmc_steps.schema --write"
 
 
+def test_config_yaml_s_comments_are_the_generated_ones():
+    """config.yaml's comments in `defaults:` are the trees' one-line docs (xmc_steps.config_comments); its keys,
+    values and layout are its own (yaml loads the same data).  Run `python -m xmc_steps.schema --write` after
+    changing a doc."""
+    import yaml
+
+    from xmc_steps import config_comments
+
+    text = (ROOT / "config.yaml").read_text()
+    new = config_comments.rewrite(text)
+    assert yaml.safe_load(new) == yaml.safe_load(text)
+    assert new == text, "config.yaml's comments are stale: run python -m xmc_steps.schema --write"
+    assert config_comments.rewrite(new) == new
+
+
+def test_config_comments_keep_values_and_entries_and_name_a_missing_doc():
+    from xmc_steps import config_comments
+
+    text = (ROOT / "config.yaml").read_text()
+    assert "paper-candidates: {candidates: matcher}   # Eq. 2 over the matcher's top-b" in text   # an entry: kept
+    line = next(x for x in text.splitlines() if x.startswith("    beam: 10 ") and "MAN" in x)
+    stale = text.replace(line, "    beam: 10  # a stale note\n              # and its continuation", 1)
+    assert stale != text and config_comments.rewrite(stale) == text
+    assert config_comments.rewrite(text.replace("  xr_linear:\n", "  xr_linear:\n    # a stale paragraph\n", 1)) == text
+    with pytest.raises(KeyError, match="defaults.xr_linear.nope is no setting"):
+        config_comments.rewrite(text.replace("  xr_linear:\n", "  xr_linear:\n    nope: 1\n", 1))
+
+
 def test_each_tree_s_section_is_generated_from_its_fields_and_base_states_none():
     base = json.loads(schema.BASE_PATH.read_text())["$defs"]["settings"]["properties"]
     full = schema.build()
@@ -43,7 +71,7 @@ def test_each_tree_s_section_is_generated_from_its_fields_and_base_states_none()
         settings = [f.name for f in cls.__dataclass_fields__.values() if f.metadata.get("setting", True)]
         assert list(node["properties"]) == settings, section
     xr = built["xr_linear"]["properties"]
-    assert xr["beam"] == {"description": "beam of the model's own predictions used as MAN negatives",
+    assert xr["beam"] == {"description": "beam width of the tree search: the predictions and the MAN negatives",
                           "type": "integer", "minimum": 1}
     assert xr["fit_on"]["items"] == {"enum": ["train", "valid"]} and xr["fit_on"]["minItems"] == 1
     assert xr["solver"] == {"$ref": "#/$defs/solver"} and "threads" not in xr
@@ -154,8 +182,8 @@ for bad in ({"power": 0}, {"nope": 1}):
 def test_every_setting_of_every_tree_has_its_one_line_doc():
     """A setting's documentation is declared once, as the comment beside its field (the schema's description,
     `xmc params <method>`'s commented YAML): every setting of every method's tree has one, inherited fields
-    included.  config.yaml's own comments are written by hand (measurements, the papers' readings) and its values
-    are the trees' defaults (tests/test_params.py)."""
+    included.  config.yaml's comments in `defaults:` are generated from them (xmc_steps.config_comments), its values
+    are the trees' defaults (tests/test_params.py); measurements and the papers' values: docs/methods/*.md."""
     import dataclasses
 
     from xmc_steps.params import Params

@@ -64,11 +64,13 @@ class EliasPlusParams(Params):
     combine: Combine = "auto"      # the score the calibrate stage fits on the validation split (COMBINES);
                                    # auto: the best of ``choices`` there, the input's own order among them
     choices: list[Choice] = bounded(default_factory=lambda: ["shortlist", "calibrated"],
-                                    schema={"minItems": 1})  # the scores auto chooses from
+                                    schema={"minItems": 1})  # the scores auto chooses from: shortlist | product
+                                   # | ranker | calibrated (§3.5) | fusion (NGAME's)
     fusion_beta: float | None = bounded(None, ge=0)  # fusion's beta; None: chosen on validation (BETAS)
     fusion_depth: int | None = bounded(None, ge=1)   # fusion's tree depth; None: chosen on validation (DEPTHS)
     allow_weak: bool = False       # a forced ``combine`` that loses to its input on validation only warns
-    solver: RankerParams = field(default_factory=RankerParams)
+    solver: RankerParams = field(default_factory=RankerParams)  # each label's ranker on its candidate documents
+                                   # (as xr_linear.solver)
 
     _what = "ELIAS++ parameter"
     _moved = {k: v for k, v in SOLVER_MOVED.items() if k != "seed"}

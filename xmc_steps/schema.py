@@ -13,7 +13,8 @@
 * the rules that declare resources (``res("<rule>", ...)`` in ``workflow/rules/*.smk``): the keys
   ``resources`` takes.
 
-``tests/test_schema.py`` regenerates it and compares.  A new setting is one field of a class; a new method
+``--write`` also rewrites ``config.yaml``'s comments in ``defaults:`` from the same declarations
+(:mod:`xmc_steps.config_comments`).  ``tests/test_schema.py`` regenerates both and compares.  A new setting is one field of a class; a new method
 is its spec's ``tree``; neither edits the schema by hand.
 """
 
@@ -178,16 +179,22 @@ def render(schema: Any, indent: int = 0) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m xmc_steps.schema", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help=f"write {SCHEMA_PATH.relative_to(ROOT)}")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the committed file is not what it generates")
+    ap.add_argument("--write", action="store_true",
+                    help=f"write {SCHEMA_PATH.relative_to(ROOT)} and config.yaml's comments (xmc_steps.config_comments)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a committed file is not what it generates")
     args = ap.parse_args(argv)
+    from . import config_comments
+
     text = render(build())
     if args.write:
         SCHEMA_PATH.write_text(text)
+        config_comments.write()
     elif args.check:
-        if SCHEMA_PATH.read_text() != text:
-            sys.stderr.write(f"{SCHEMA_PATH} is stale: run python -m xmc_steps.schema --write\n")
-            return 1
+        stale = [p for p, ok in ((SCHEMA_PATH, SCHEMA_PATH.read_text() == text),
+                                 (config_comments.CONFIG_PATH, config_comments.check())) if not ok]
+        for p in stale:
+            sys.stderr.write(f"{p} is stale: run python -m xmc_steps.schema --write\n")
+        return 1 if stale else 0
     else:
         sys.stdout.write(text)
     return 0

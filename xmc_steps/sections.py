@@ -49,7 +49,7 @@ class TfidfSection(Params):
     lowercase: bool = True          # the texts lower-cased before tokenizing
     source: Literal["pipeline", "dataset"] = "pipeline"  # pipeline: TF-IDF fitted on the texts (train + valid);
                                     # dataset: the dataset's own features (xmc-base tfidf-attnxml/, the BoW layout's),
-                                    # rows L2-normalised
+                                    # rows L2-normalised (a BoW dataset has no texts: always its own)
 
     _what = "tfidf setting"
 
@@ -92,7 +92,8 @@ class EvaluateSection(Params):
     """``evaluate``: the metrics of a target's test predictions."""
 
     topk: int = bounded(100, ge=1)  # labels a target predicts per document (every metric's depth)
-    propensity: Propensity = field(default_factory=Propensity)
+    propensity: Propensity = field(default_factory=Propensity)  # PSP's constants A, B; null: by dataset name
+                                    # (docs/configuration.md, "Defaults and why")
 
     _what = "evaluate setting"
 

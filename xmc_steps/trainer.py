@@ -159,8 +159,8 @@ class TrainParams(Params):
     batch_size: int = bounded(32, ge=1)  # sequences per micro-batch
     grad_accum: int = bounded(1, ge=1)  # micro-batches per optimisation step
     lr: float | None = bounded(5e-5, gt=0)  # learning rate of the groups without their own
-    warmup: float | None = bounded(None, ge=0, lt=1)  # warm-up as a fraction of the steps ...
-    warmup_steps: int | None = bounded(None, ge=0)  # ... or in steps (overrides warmup); neither: no warm-up
+    warmup: float | None = bounded(None, ge=0, lt=1)  # warm-up as a fraction of the steps (warmup_steps overrides it)
+    warmup_steps: int | None = bounded(None, ge=0)  # warm-up in steps (overrides warmup); neither: no warm-up
     weight_decay: float = bounded(0.01, ge=0)  # AdamW's, of the weights (biases and LayerNorm excepted)
     max_grad_norm: float = 1.0    # <= 0: no clipping
     checkpoint_every: int = 500   # steps; <= 0: only at the end and on SIGTERM

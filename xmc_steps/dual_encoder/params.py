@@ -47,7 +47,8 @@ class DualEncoderParams(Params):
                                              # token files' width; None: theirs)
     label_max_length: int = bounded(32, ge=2)  # the label texts' tokens
     pooling: DEPooling = "mean"              # mean (the default encoder's own, sentence-transformers) | cls
-    loss: Loss = "decoupled-softmax"         # DEXML's | softmax (InfoNCE) | triplet (NGAME's margin loss)
+    loss: Loss = "decoupled-softmax"         # decoupled-softmax (DEXML's) | softmax (InfoNCE) | triplet (NGAME's
+                                             # margin loss)
     temperature: float = bounded(0.05, gt=0)  # softmax losses: logits = cos / temperature (DEXML's 0.05)
     margin: float = bounded(0.3, ge=0)       # triplet: the margin on the cosines (NGAME's 0.3)
     triplet_negatives: int = bounded(10, ge=1)  # triplet: the hardest pool negatives per positive (NGAME's 10)
@@ -58,16 +59,18 @@ class DualEncoderParams(Params):
     mine_depth: int | None = bounded(None, ge=1)  # ... drawn from the text's nearest non-positive labels, this
                                              # many; None: min(100, L / 10), at least hard_negatives
     label_refresh_every: float = bounded(1.0, gt=0)  # epochs between re-encoding every label for the mining
-    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
+    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # the training recipe
+                                             # (unset keys: TRAIN_DEFAULTS)
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per run; 0: none
     eval_max_docs: int = bounded(2000, ge=1)  # the validation points' subset of the valid split
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (texts and label texts)
     topk: int = bounded(100, ge=1)           # prediction: labels written per text; the guard's budget K
     shortlist_topk: int | None = bounded(None, ge=1)  # predict --shortlist-out: labels per text; None: topk
-    search: Search = "auto"                  # exact | hnsw | auto: exact up to exact_max_labels labels
+    search: Search = "auto"                  # exact | hnsw | auto: exact up to exact_max_labels labels, HNSW above
     exact_max_labels: int = bounded(EXACT_MAX, ge=1)  # HNSW above (xmc_steps.ann.EXACT_MAX, measured: docs/ann.md)
     allow_weak: bool = False                 # true: a model below the guard's baselines only warns
-    amp: Amp = "auto"                        # training and inference
+    amp: Amp = "auto"                        # autocast in training and inference: auto (bf16 on CUDA and on
+                                             # CPUs with native bf16, else fp32) | bf16 | fp16 | off
     device: str = "auto"             # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True          # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
@@ -120,7 +123,7 @@ class DualEncoderRankerParams(EliasPlusParams):
 
     n_candidates: int = bounded(100, ge=1)
     choices: list[Choice] = bounded(default_factory=lambda: ["shortlist", "product", "ranker", "fusion"],
-                                    schema={"minItems": 1})  # the scores auto chooses from
+                                    schema={"minItems": 1})  # the scores auto chooses from (as elias.plus)
 
     _what = "dual-encoder ranker parameter"
 

@@ -273,7 +273,8 @@ class EliasSection(Params):
     stage1: EliasStage = field(default_factory=EliasStage)
     stage2: EliasStage2 = field(default_factory=EliasStage2)
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per stage; 0: none
-    amp: Amp = "auto"               # training and inference
+    amp: Amp = "auto"               # autocast in training and inference: auto (bf16 on CUDA and on CPUs with
+                                    # native bf16, else fp32) | bf16 | fp16 | off
     device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]: training and inference
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun

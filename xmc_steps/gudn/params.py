@@ -41,4 +41,5 @@ class GUDNParams(Params):
 class GUDNSection(GUDNParams):
     """GUDN (xmc_steps.gudn): the ``gudn`` section; its backbone: changes to the lightxml section."""
 
-    backbone: LightXMLSection = field(default_factory=lambda: LightXMLSection(last_k=10))
+    backbone: LightXMLSection = field(default_factory=lambda: LightXMLSection(last_k=10))  # GUDN's network:
+                                      # changes to the lightxml section

@@ -42,8 +42,8 @@ class LightXMLParams(Params):
     bottleneck: Bottleneck = "sigmoid"  # sigmoid (Eq. 4) | linear (the authors' code)
     negatives: Sampling = bounded("dynamic", setting=False)  # dynamic (the method) | static (Table 5's ablation, see docs/methods/lightxml.md):
                                       # the rules' {sampling}, not a key of the configuration's section
-    static_switch: float = bounded(0.5, gt=0, lt=1)  # static: the fraction of the steps the generator trains
-                                      # alone before the draw
+    static_switch: float = bounded(0.5, gt=0, lt=1)  # lightxml-static: the generator trains alone for this
+                                      # fraction of the steps, then each text's candidate clusters are drawn once
     head_init: HeadInit = "linear"    # random (the paper) | linear: the generator starts as a least-squares fit
     head_init_l2: float = bounded(0.001, gt=0)  # ... ridge of that fit, relative to the mean eigenvalue of E^T E
     head_init_scale: float = bounded(4.0, gt=0)  # ... of the targets +-scale (the start's logits)
@@ -54,14 +54,16 @@ class LightXMLParams(Params):
                                       # (the discriminator always trains at train.lr)
     head_refit: bool = True           # after training: re-fit the generator (clustered: then the label embeddings) by
                                       # least squares on the fine-tuned encoder, kept when valid P@1 is higher (not in the paper)
-    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))
+    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # the training recipe (unset
+                                      # keys: TRAIN_DEFAULTS)
     swa_start: float = bounded(0.5, ge=0, le=1)  # SWA from this fraction of the steps on (1.0: none) ...
     swa_every_epochs: float = bounded(0.2, gt=0)  # ... adding the weights every this many epochs
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per run; 0: none
     eval_max_docs: int = bounded(2000, ge=1)  # the validation points' subset of the valid split
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, predict)
     allow_weak: bool = False          # true: a model no better than the frequency prior only warns
-    amp: Amp = "auto"                 # training and inference
+    amp: Amp = "auto"                 # autocast in training and inference: auto (bf16 on CUDA and on CPUs with
+                                      # native bf16, else fp32) | bf16 | fp16 | off
     device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True   # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
@@ -132,5 +134,7 @@ class LightXMLSection(LightXMLParams):
     """LightXML (xmc_steps.lightxml; readings of the paper in docs/methods/lightxml.md): the ``lightxml`` section,
     the model's settings, its clusters and its ensemble."""
 
-    cluster: LightXMLCluster = field(default_factory=LightXMLCluster)
-    ensemble: LightXMLEnsemble = field(default_factory=LightXMLEnsemble)
+    cluster: LightXMLCluster = field(default_factory=LightXMLCluster)  # above flat_max_labels: balanced 2-means
+                                      # on PIFA
+    ensemble: LightXMLEnsemble = field(default_factory=LightXMLEnsemble)  # lightxml-ensemble: one model per
+                                      # encoder x seed

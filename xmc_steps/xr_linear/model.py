@@ -53,11 +53,11 @@ FORMAT = "xmc-xr-linear-v1"
 
 @dataclass
 class XRLinearParams(Params):
-    """Training parameters: the negatives (X-Transformer §3.4), the MAN beam, the score transform,
-    and the rankers' solver (:class:`RankerParams`, the ``xr_linear.solver`` section)."""
+    """XR-Linear (xmc_steps.xr_linear): the ``xr_linear`` section, PECOS's linear tree: its negatives
+    (X-Transformer §3.4), beam, score transform and the rankers' solver (:class:`RankerParams`, ``xr_linear.solver``)."""
 
     negatives: NegativeKind = "tfn+man"  # tfn | man | tfn+man: the instances each cluster's rankers train on (X-Transformer §3.4)
-    beam: int = bounded(10, ge=1)  # beam of the model's own predictions used as MAN negatives
+    beam: int = bounded(10, ge=1)  # beam width of the tree search: the predictions and the MAN negatives
     topk: int = bounded(100, ge=1)  # predictions kept per document
     transform: Transform = "l3-hinge"  # score transform along the tree (MAN and prediction)
     fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the splits the model

@@ -45,7 +45,8 @@ class MatcherParams(Params):
     last_k: int = bounded(5, ge=1)  # only for pooling = cls-concat-last-k
     max_length: int | None = bounded(None, ge=2, schema={"type": "integer"})  # must equal the tokens' width; None:
                                     # take it from the tokens
-    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # lr: the encoder's
+    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # the training recipe (lr:
+                                    # the encoder's, and the head's unless lr_head); unset keys: TRAIN_DEFAULTS
     lr_head: float | None = bounded(None, gt=0)  # head learning rate (None: train.lr)
     head_init: HeadInit = "linear"  # linear: least-squares fit of Eq. 3 on the pre-trained encoder; random: N(0, 0.02) (the paper)
     head_init_l2: float = bounded(0.001, gt=0)  # ridge of the least-squares heads, relative to the mean eigenvalue of Phi^T Phi
@@ -57,7 +58,8 @@ class MatcherParams(Params):
     eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: a tenth of the steps; 0: none
     eval_max_docs: int = bounded(2000, ge=1)  # validation subset size (fixed, seeded by train.seed)
     eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation and prediction)
-    amp: Amp = "auto"               # training and inference
+    amp: Amp = "auto"               # autocast in training and inference: auto (bf16 on CUDA and on CPUs with
+                                    # native bf16, else fp32) | bf16 | fp16 | off
     device: str = bounded("auto", schema=DEVICE)  # auto | cpu | cuda[:n]
     allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
     gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
@@ -138,13 +140,14 @@ class XTransformerSection(Params):
     encoders: list[str] = bounded(default_factory=lambda: ["minilm"], schema={
         "items": ENCODER_KEY, "minItems": 1, "uniqueItems": True})  # the matchers' encoders: keys of `encoders`
     ensemble: EnsembleMethod = "average"  # how the members' predictions are combined
-    cluster: XTCluster = field(default_factory=XTCluster)
-    embed: XTEmbed = field(default_factory=XTEmbed)
-    matcher: MatcherParams = field(default_factory=MatcherParams)
-    ranker: XTransformerRankerParams = field(default_factory=XTransformerRankerParams)
+    cluster: XTCluster = field(default_factory=XTCluster)  # the matcher's clusters: the finest level of this tree
+    embed: XTEmbed = field(default_factory=XTEmbed)  # pre-trained embeddings (pifa-neural) and label texts (text-emb)
+    matcher: MatcherParams = field(default_factory=MatcherParams)  # the matcher (§3.3, Eq. 3)
+    ranker: XTransformerRankerParams = field(default_factory=XTransformerRankerParams)  # the rankers (§3.4, Eq. 2)
     fit_on: list[Split] = bounded(default_factory=lambda: ["train", "valid"], schema=FIT_ON)  # the rankers' training
                                     # data (the matcher trains on train, validates on valid)
     variants: dict[str, XTVariant] = bounded(default_factory=_variants, schema={
         "propertyNames": {"pattern": "^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$"}})  # named targets xtransformer-<name>
+                                    # (Table 5's rows), each the full method with these keys changed
 
     _what = "X-Transformer parameter"

@@ -44,7 +44,7 @@ class XTransformerRankerParams(Params):
     combiner: Combiner = "product"  # Eq. 2's sigma: how the matcher's and the rankers' scores combine
     transform: Transform = "l3-hinge"  # the rankers' margin transform before combining
     threads: int = bounded(1, ge=1, setting=False)  # clusters trained in parallel (the stage's --threads)
-    solver: RankerParams = field(default_factory=RankerParams)
+    solver: RankerParams = field(default_factory=RankerParams)  # each ranker's liblinear solve (as xr_linear.solver)
 
     _what = "xtransformer ranker parameter"
     _moved = SOLVER_MOVED
