@@ -54,6 +54,28 @@ def test_config_comments_keep_values_and_entries_and_name_a_missing_doc():
         config_comments.rewrite(text.replace("  xr_linear:\n", "  xr_linear:\n    nope: 1\n", 1))
 
 
+def test_the_settings_that_are_no_section_are_declared_once():
+    """encoders, seeds, resources, threads: fields of xmc_steps.sections.TopLevelSettings, their schema generated
+    (config.base.json holds the top level only), their defaults config.yaml's."""
+    import dataclasses
+
+    from xmc_steps import sections
+
+    base = json.loads(schema.BASE_PATH.read_text())["$defs"]["settings"]["properties"]
+    built = schema.build()["$defs"]["settings"]["properties"]
+    d = config.load(ROOT / "config.yaml")["defaults"]
+    for f in dataclasses.fields(sections.TopLevelSettings):
+        assert f.name not in base and "description" in built[f.name], f.name
+        assert getattr(sections.TopLevelSettings(), f.name) == d[f.name], f.name
+    assert built["encoders"]["propertyNames"]["pattern"] == sections.ENCODER_KEY_PATTERN == config.ENCODER_KEY
+    assert built["resources"]["additionalProperties"]["properties"]["mem_mb"] == {
+        "description": "memory in MB", "type": "integer", "minimum": 1}
+    with pytest.raises(config.ConfigError):
+        c = config.load(ROOT / "config.yaml")
+        c["defaults"]["resources"] = {"tfidf": {"mem_mb": None}}
+        config.validate(c)
+
+
 def test_each_tree_s_section_is_generated_from_its_fields_and_base_states_none():
     base = json.loads(schema.BASE_PATH.read_text())["$defs"]["settings"]["properties"]
     full = schema.build()

@@ -3,15 +3,16 @@
 The keys, values, order and indentation are config.yaml's own (a rule passes its raw section, so a new key would
 change its params); only the comments of the ``defaults:`` block are rewritten, by these rules:
 
-* a key that is a setting of a tree (:func:`xmc_steps.schema.generated_sections`) gets its declaration's one-line doc (the comment beside its field,
+* a key that is a setting of a tree (:func:`xmc_steps.schema.generated_sections`; the settings that are no section:
+  :data:`xmc_steps.schema.TOP_LEVEL`) gets its declaration's one-line doc (the comment beside its field,
   :func:`xmc_steps.skeleton.field_docs`) as its trailing comment; a nested section (``train``, ``solver``, written
   as a block or a flow mapping) gets its field's doc, or, without one, the first paragraph of its class's docstring
   less the leading ``section.name``: that names it.  A ``Literal`` setting whose doc does not name every choice
   gets ``; one of ...`` appended;
 * a section's own lines: its class's docstring (first paragraph) as comment-only lines under the section's key;
   other comment-only lines before a setting are dropped;
-* an entry of a map (``xtransformer.variants.<name>``) is no declaration, nor is a top-level key no tree declares
-  (``encoders``, ``seeds``, ``resources``, ``threads``): its line and its comment lines are kept as written;
+* an entry of a map (``xtransformer.variants.<name>``, ``encoders.<key>``) is no declaration: its line and its
+  comment lines are kept as written;
 * the text: RST markup as plain backticks, Python's ``None``/``True``/``False`` as YAML's ``null``/``true``/``false``,
   wrapped at :data:`WIDTH` columns; the ``#`` of a top-level section's comments in the column most of its
   comments use (:data:`COLUMN` where none), two spaces after a longer value; continuation lines put their ``#``
@@ -130,10 +131,13 @@ def child(parent: Node, key: str, where: str) -> Node:
 
 
 def top_nodes() -> dict[str, Node]:
-    """The top-level keys of ``defaults`` the declarations cover: each section's."""
+    """The top-level keys of ``defaults`` the declarations cover: each section and each setting that is none."""
     from . import schema
 
-    return {name: Node("section", None, schema.load_class(ref)) for name, ref in schema.generated_sections().items()}
+    top = Node("section", None, schema.load_class(schema.TOP_LEVEL))
+    out = {f.name: child(top, f.name, f.name) for f in dataclasses.fields(top.cls) if f.metadata.get("setting", True)}
+    return {**out, **{name: Node("section", None, schema.load_class(ref))
+                      for name, ref in schema.generated_sections().items()}}
 
 
 def _split_comment(rest: str) -> tuple[str, str | None, int]:

