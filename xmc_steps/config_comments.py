@@ -6,11 +6,11 @@ change its params); only the comments of the ``defaults:`` block are rewritten, 
 * a key that is a setting of a tree (:func:`xmc_steps.schema.generated_sections`; the settings that are no section:
   :data:`xmc_steps.schema.TOP_LEVEL`) gets its declaration's one-line doc (the comment beside its field,
   :func:`xmc_steps.skeleton.field_docs`) as its trailing comment; a nested section (``train``, ``solver``, written
-  as a block or a flow mapping) gets its field's doc, or, without one, the first paragraph of its class's docstring
-  less the leading ``section.name``: that names it.  A ``Literal`` setting whose doc does not name every choice
-  gets ``; one of ...`` appended;
-* a section's own lines: its class's docstring (first paragraph) as comment-only lines under the section's key;
-  other comment-only lines before a setting are dropped;
+  as a block or a flow mapping) gets its field's doc, or, without one, the first sentence of its class's docstring
+  less a leading ``section.name``: that names it.  A setting of string choices (``Literal``) whose doc does not
+  name every choice gets ``; one of ...`` appended;
+* a top-level section: its class's docstring (first paragraph, less that leading name) as comment-only lines under
+  its key; other comment-only lines before a setting are dropped;
 * an entry of a map (``xtransformer.variants.<name>``, ``encoders.<key>``) is no declaration: its line and its
   comment lines are kept as written;
 * the text: RST markup as plain backticks, Python's ``None``/``True``/``False`` as YAML's ``null``/``true``/``false``,
