@@ -30,12 +30,20 @@ __all__ = ["field_docs", "skeleton", "method_skeleton", "render_yaml"]
 
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: comment}`` of the comments beside (and continuing below) a dataclass's fields, those its
-    dataclass bases declare included (a field the class declares again takes its own comment, if any)."""
+    dataclass bases declare included (a field the class declares again takes its own comment, if any).  A
+    field made from another class's (no source of its own: :func:`dataclasses.make_dataclass`) names it in its
+    metadata, ``origin``: ``(class, field)``, and takes that field's comment."""
     out: dict[str, str] = {}
     for c in reversed(cls.__mro__):
         if c is not cls and dataclasses.is_dataclass(c):
             out.update(_own_field_docs(c))
     out.update(_own_field_docs(cls))
+    if dataclasses.is_dataclass(cls):
+        for f in fields(cls):
+            if not out.get(f.name) and "origin" in f.metadata:
+                owner, name = f.metadata["origin"]
+                if field_docs(owner).get(name):
+                    out[f.name] = field_docs(owner)[name]
     return out
 
 
