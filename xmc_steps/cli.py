@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: _defaults(v) for k, v in sections.items()}, indent=2))
         else:
             spec = registry.get(args.method)
-            print(f"# {spec.name}: its settings in config.yaml (docs/configuration.md), the "
-                  f"parameter classes' defaults; the stages take them as --params JSON")
+            print(f"# {spec.name}: its section of config.yaml (docs/configuration.md), the parameter "
+                  f"tree's defaults; its rules pass the section to the stages as --params JSON")
             sys.stdout.write(skeleton.render_yaml(sections))
         return 0
     if args.command == "serve":

@@ -1,7 +1,7 @@
 """Every setting of a method, with its default and its documentation: ``xmc params <method>``.
 
-Generated from the parameter classes the method's spec names (:attr:`xmc_steps.methods.MethodSpec.params`),
-as PECOS's ``--generate-params-skeleton``: a field's default is the class's, its choices its
+Generated from the method's parameter tree, its config section shaped like config.yaml's
+(:attr:`xmc_steps.methods.MethodSpec.tree`; the keys a stage is given, ``threads``, left out), as PECOS's ``--generate-params-skeleton``: a field's default is the class's, its choices its
 ``Literal`` annotation (:func:`xmc_steps.params.choices`), its bounds those of
 :func:`xmc_steps.params.bounded`, and its documentation the comment beside the field in the class's
 source (a comment may continue on the comment-only lines below it).  Nested parameter objects
@@ -30,12 +30,20 @@ __all__ = ["field_docs", "skeleton", "method_skeleton", "render_yaml"]
 
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: comment}`` of the comments beside (and continuing below) a dataclass's fields, those its
-    dataclass bases declare included (a field the class declares again takes its own comment, if any)."""
+    dataclass bases declare included (a field the class declares again takes its own comment, if any).  A
+    field made from another class's (no source of its own: :func:`dataclasses.make_dataclass`) names it in its
+    metadata, ``origin``: ``(class, field)``, and takes that field's comment."""
     out: dict[str, str] = {}
     for c in reversed(cls.__mro__):
         if c is not cls and dataclasses.is_dataclass(c):
             out.update(_own_field_docs(c))
     out.update(_own_field_docs(cls))
+    if dataclasses.is_dataclass(cls):
+        for f in fields(cls):
+            if not out.get(f.name) and "origin" in f.metadata:
+                owner, name = f.metadata["origin"]
+                if field_docs(owner).get(name):
+                    out[f.name] = field_docs(owner)[name]
     return out
 
 
@@ -90,12 +98,16 @@ def skeleton(cls: type, default: Any = None) -> dict[str, Any]:
     docs = field_docs(cls)
     out: dict[str, Any] = {}
     for f in fields(cls):
-        if f.name.startswith("_"):
+        if f.name.startswith("_") or not f.metadata.get("setting", True):
             continue
         value = getattr(default, f.name) if default is not None else _default(f)
         doc = docs.get(f.name, "")
         if is_dataclass(value) and isinstance(value, xparams.Params):
             out[f.name] = {"section": skeleton(type(value), value), "doc": doc}
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, xparams.Params) for v in value.values()):
+            out[f.name] = {"section": {k: {"section": skeleton(type(v), v), "doc": ""} for k, v in value.items()},
+                           "doc": doc}         # named entries (xtransformer.variants): a section each
             continue
         entry: dict[str, Any] = {"default": _plain(value), "doc": doc}
         opts = xparams.choices(hints.get(f.name))
@@ -109,12 +121,15 @@ def skeleton(cls: type, default: Any = None) -> dict[str, Any]:
 
 
 def method_skeleton(method: str) -> dict[str, dict[str, Any]]:
-    """``{dotted config section: skeleton}`` of every parameter class a method's spec names."""
+    """``{config section: skeleton}`` of a method's parameter tree, its whole section shaped like config.yaml's
+    (:attr:`xmc_steps.methods.MethodSpec.tree`); a spec without one: ``{dotted section: skeleton}`` of every
+    parameter class it names (:attr:`~xmc_steps.methods.MethodSpec.params`)."""
     from . import registry
 
     spec = registry.get(method)
+    refs = [(spec.section, spec.tree)] if spec.tree else [(section, ref) for section, ref, _ in spec.params]
     out: dict[str, dict[str, Any]] = {}
-    for section, ref, _subsections in spec.params:
+    for section, ref in refs:
         module, _, name = ref.partition(":")
         out[section] = skeleton(getattr(importlib.import_module(module), name))
     return out

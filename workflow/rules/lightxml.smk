@@ -120,7 +120,7 @@ rule lightxml_ensemble:
     log:
         "logs/lightxml_ensemble/{dataset}-{variant}.log",
     params:
-        settings=PASS("lightxml_ensemble"),
+        settings=PASS("lightxml_ensemble", ensemble=lambda w: S(w)["lightxml"]["ensemble"]["method"]),
         hash=H("lightxml_ensemble"),
         names=lambda w: [m.name for m in LXS.lightxml_members(S(w), w.variant)],
         valid=lambda w, input: (["--valid-predictions", *input.valid, "--valid-labels", input.Y] if input.valid else

@@ -54,18 +54,11 @@ rule xtransformer_linear_train:
         "--out {output.model:q} --method xtransformer --threads {threads} " + STAGE_ARGS
 
 
-def xt_clusters_params(w):
-    """The linear tree's beam; its test clusters are part of predicting new text (``online``) when
-    they feed Eq. 2 (the rankers' fit) or the matcher's head+linear scorer, not when they only
-    serve the guard: the latency then counts one linear tree, not two."""
-    m = S(w)["xtransformer"]["matcher"]
-    online = w.fit == xt_fit_name(S(w)) or m["scorer"] == "head+linear"
-    return json.dumps({"beam": m["topb"], "keep": m["topb"] * (2 if w.fit == "train" else 1), "online": online})
-
-
 rule xtransformer_linear_clusters:
     """The linear tree's beam: top-b finest clusters of every document (a matcher's output); the
-    train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline."""
+    train-split tree keeps 2b, from which the matcher's guard cuts its equal-budget baseline.  The stage
+    derives both, and whether its test clusters are online, from what the rule passes (the matcher's topb and
+    scorer, fit_on, the tree's fit: xmc_steps.stages.xr_linear.clusters_settings)."""
     input:
         # the xr-linear target's model when it is the same model (same tree and splits): fit once
         model=lambda w: XTS.linear_model_dir(RES, w.dataset, S(w), w.emb, w.tree, w.fit),
@@ -76,7 +69,7 @@ rule xtransformer_linear_clusters:
     log:
         "logs/xtransformer_linear_clusters/{dataset}-{emb}-{tree}-{fit}.log",
     params:
-        settings=xt_clusters_params,
+        settings=PASS("xtransformer_linear_clusters", fit=lambda w: w.fit),
         hash=H("xtransformer_linear_clusters"),
     threads: 1
     resources:

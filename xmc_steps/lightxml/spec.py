@@ -149,7 +149,9 @@ SPEC = MethodSpec(
     tree="xmc_steps.lightxml.params:LightXMLSection",
     passes={"lightxml_train": [_MODEL], "lightxml_predict": [_MODEL, "evaluate.topk"],
             "lightxml_valid_predict": [_MODEL, "evaluate.topk"],
-            "lightxml_ensemble": ["lightxml.ensemble.method", "evaluate.topk"]},
+            # the ensemble stage's method is its key `ensemble` (as elias.ensemble): the rule gives it
+            # lightxml.ensemble.method, which the hash covers (`lightxml`)
+            "lightxml_ensemble": ["evaluate.topk"]},
     rule_settings={"lightxml_train": TREE_SETTINGS + ["encoders.{enc}", "lightxml"],
                    "lightxml_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],
                    "lightxml_valid_predict": TREE_SETTINGS + ["encoders.{enc}", "lightxml", "evaluate.topk"],

@@ -1,15 +1,15 @@
 """Ensembles of prediction tables (X-Transformer Table 5 rows 7-9; ELIAS's 3 models).
 
 The stage: the members' prediction tables combined by :func:`xmc_steps.ensemble.combine` (the
-``method`` and ``topk`` parameters; the methods are described in :mod:`xmc_steps.ensemble`; ``ensemble`` is
-``method`` under the name of the methods' config key, ``elias.ensemble``, which their rules pass unchanged).  Given the
+``ensemble`` and ``topk`` parameters: ``ensemble`` the method, described in :mod:`xmc_steps.ensemble`, under the
+name of the methods' config key, ``elias.ensemble``, which their rules pass unchanged).  Given the
 members' validation tables, it keeps the best on validation of each member alone and the combination
 (:mod:`xmc_steps.second_stage`): an ensemble that does not beat its best member there is switched off.
 
 CLI::
 
     python -m xmc_steps.stages.ensemble --predictions a.parquet b.parquet ... --label-table labels.parquet \\
-        --out predictions.parquet --params '{"method": "average", "topk": 100}'
+        --out predictions.parquet --params '{"ensemble": "average", "topk": 100}'
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     add_common_args(ap)
     args = ap.parse_args(argv)
     with stage_run("ensemble", args, outputs=[args.out]) as st:
-        if "ensemble" in st.params and "method" in st.params:
-            raise StageError("give the ensemble method once: 'ensemble' or 'method'")
-        method = st.params.get("ensemble", st.params.get("method", "average"))
+        if "method" in st.params:
+            raise StageError("the ensemble's method is the parameter 'ensemble' (as elias.ensemble), not 'method'")
+        method = st.params.get("ensemble", "average")
         topk = int(st.params.get("topk", 100))
         L = io.read_table(args.label_table, ["label_id"]).num_rows
         names = args.names or [f"member {i}" for i in range(len(args.predictions))]

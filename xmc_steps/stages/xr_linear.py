@@ -10,12 +10,13 @@ CLI::
     python -m xmc_steps.stages.xr_linear predict --model model_dir --features X_test.npz \
         --out predictions.parquet --params '{"beam": 10, "topk": 100}'
     python -m xmc_steps.stages.xr_linear clusters --model model_dir --features X_valid.npz X_test.npz \
-        --out clusters_valid.npz clusters_test.npz --params '{"beam": 10}'
+        --out clusters_valid.npz clusters_test.npz --params '{"topb": 10}'
 
-``clusters`` writes the top-``beam`` nodes of the finest cluster level (CSR ``N x K``, the
-beam's path scores; ``"keep": k`` writes the top-``k`` of the same beam-``beam`` search, whose
-first ``beam`` are the same): the linear tree used as a matcher, the baseline and second
-candidate source of the X-Transformer matcher (:mod:`xmc_steps.xtransformer`).
+``clusters`` writes the top-``topb`` nodes of the finest cluster level (CSR ``N x K``, the beam's path
+scores): the linear tree used as a matcher, the baseline and second candidate source of the X-Transformer
+matcher (:mod:`xmc_steps.xtransformer`).  Its rule passes the matcher's ``topb`` and ``scorer``,
+``xtransformer.fit_on`` and the tree's ``fit`` (its path's) unchanged; the stage derives from them its beam,
+how many clusters it keeps and whether the test split's count as prediction cost (:func:`clusters_settings`).
 """
 
 from __future__ import annotations
@@ -98,17 +99,33 @@ def _predict_cli(args) -> None:
         st.predictions(args.out, P, int(cfg["topk"]), dt)
 
 
+#: what ``clusters`` takes, with its defaults for a run by hand: the xtransformer_linear_clusters rule passes
+#: ``xtransformer.matcher``'s ``topb`` and ``scorer``, ``xtransformer.fit_on`` and its tree's ``fit``
+#: (``train`` or ``fit_on``'s splits joined by ``+``); ``transform``: None, the model's
+CLUSTERS = {"topb": 10, "scorer": "head", "fit_on": None, "fit": None, "transform": None}
+
+
+def clusters_settings(given: dict) -> dict:
+    """``clusters``' settings (:data:`CLUSTERS` with the ``given`` ones) and what derives from them: ``beam`` (the
+    matcher's ``topb``); ``keep``: the train split's tree keeps ``2 topb``, from which the matcher's guard cuts its
+    equal-budget baseline; ``online``: its test clusters are part of predicting new text when they feed Eq. 2 (the
+    tree fit on ``fit_on``, the rankers') or the matcher's ``head+linear`` scorer, not when they only serve the
+    guard (the latency then counts one linear tree, not two); a tree run by hand (no ``fit``): online."""
+    unknown = set(given) - set(CLUSTERS) - {"threads"}
+    if unknown:
+        raise StageError(f"unknown clusters parameter(s): {sorted(unknown)} (known: {', '.join(CLUSTERS)})")
+    cfg = {**CLUSTERS, **{k: v for k, v in given.items() if k in CLUSTERS}}
+    fit, topb = cfg["fit"], int(cfg["topb"])
+    online = fit is None or fit == "+".join(cfg["fit_on"] or ()) or cfg["scorer"] == "head+linear"
+    return {**cfg, "beam": topb, "keep": topb * (2 if fit == "train" else 1), "online": online}
+
+
 def _clusters_cli(args) -> None:
-    """The linear tree as a matcher: the top-``beam`` finest clusters of each document."""
+    """The linear tree as a matcher: the top-``topb`` finest clusters of each document."""
     if len(args.features) != len(args.out):
         raise StageError("give as many --out files as --features")
     with stage_run("xr_linear_clusters", args, outputs=list(args.out)) as st:
-        # online: the test split's clusters are part of predicting new text (its cost is latency)
-        cfg = {"beam": 10, "keep": None, "transform": None, "online": True}
-        unknown = set(st.params) - set(cfg) - {"threads"}
-        if unknown:
-            raise StageError(f"unknown clusters parameter(s): {sorted(unknown)}")
-        cfg.update({k: v for k, v in st.params.items() if k in cfg})
+        cfg = clusters_settings(st.params)
         try:
             model = XRLinearModel.load(args.model)
         except (OSError, ValueError) as e:
@@ -119,19 +136,18 @@ def _clusters_cli(args) -> None:
             X = io.load_csr(f)
             if X.shape[1] != model.n_features:
                 raise StageError(f"{f}: features have {X.shape[1]} columns, the model expects {model.n_features}")
-            keep = max(int(cfg["beam"]), int(cfg["keep"] or cfg["beam"]))
+            keep = int(cfg["keep"])
             resources.check_memory(f"{f}: the top-{keep} clusters of {X.shape[0]:,} documents",
                                    predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), keep, W=model.W),
                                    "xtransformer.matcher.topb (clusters kept per document)", st.log)
             t0 = time.perf_counter()
             with st.timed("predict"):
-                S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"],
-                                           keep=None if cfg["keep"] is None else int(cfg["keep"]))
+                S = model.predict_clusters(X, beam=int(cfg["beam"]), transform=cfg["transform"], keep=keep)
             if Path(o).stem.endswith("_test") and cfg["online"]:     # part of predicting new text
                 st.online_cost(time.perf_counter() - t0, X.shape[0])
             io.save_csr(o, S)
             st.output(Path(o).stem, o)
-            st.log.info("%s: top-%d of %d clusters for %d documents (beam %d)", o, int(cfg["keep"] or cfg["beam"]),
+            st.log.info("%s: top-%d of %d clusters for %d documents (beam %d)", o, keep,
                         S.shape[1], S.shape[0], int(cfg["beam"]))
 
 
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--features", required=True, action="extend", nargs="+", help="features (.npz CSR)")
     pr.add_argument("--out", required=True, help="predictions (.parquet)")
     add_common_args(pr)
-    cl = sub.add_parser("clusters", help="the top-beam finest clusters per document (the linear tree as a matcher)")
+    cl = sub.add_parser("clusters", help="the top-topb finest clusters per document (the linear tree as a matcher)")
     cl.add_argument("--model", required=True, help="model folder")
     cl.add_argument("--features", required=True, nargs="+", help="features (.npz CSR), one file per output")
     cl.add_argument("--out", required=True, nargs="+", help="cluster scores (.npz CSR N x K), one per --features")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..layout import INDEX, LABEL_EMB, PREDICTIONS, PRETRAINED, RECORD, at, emb_name, record, tokens_dir, tree_name
-from ..methods import TREE_SETTINGS, MethodSpec, encoder_names, train_length
+from ..methods import TREE_SETTINGS, MethodSpec, Only, encoder_names, train_length
 from ..xr_linear.spec import XR_LINEAR
 
 XT_TREE = "{dataset}/xtransformer/{emb}/{tree}"
@@ -206,8 +206,7 @@ SPEC = MethodSpec(
     tree="xmc_steps.xtransformer.params:XTransformerSection",
     rule_settings={
         "xtransformer_linear_train": TREE_SETTINGS,
-        "xtransformer_linear_clusters": TREE_SETTINGS + ["xr_linear", "xtransformer.matcher.topb",
-                                                         "xtransformer.matcher.scorer", "xtransformer.fit_on"],
+        "xtransformer_linear_clusters": TREE_SETTINGS + ["xr_linear"],     # and what it passes
         "matcher": TREE_SETTINGS + ["encoders.{enc}", "xtransformer.matcher"],
         "xtransformer_ranker": _XT + [("xtransformer.ranker", PREDICT_ONLY)],
         "xtransformer_predict": _XT + ["xtransformer.ranker", "evaluate.topk"],
@@ -216,6 +215,9 @@ SPEC = MethodSpec(
         "xtransformer_select": TREE_SETTINGS + ["xr_linear", "encoders", "xtransformer", "evaluate.topk"],
         "xtransformer_ensemble": TREE_SETTINGS + ["encoders", "xtransformer", "evaluate.topk"]},
     passes={"xtransformer_linear_train": ["xr_linear"],
+            # the matcher's beam and scorer, the rankers' splits (the stage derives its beam, kept clusters and
+            # online test split from them and the tree's {fit}, which the rule gives)
+            "xtransformer_linear_clusters": [Only("xtransformer.matcher", ("topb", "scorer")), "xtransformer.fit_on"],
             "matcher": ["xtransformer.matcher"],
             # the member's ranker input, negatives and candidates are its path's (given by the rule)
             "xtransformer_ranker": [("xtransformer.ranker", PREDICT_ONLY), "xtransformer.matcher.topb"],
