@@ -74,6 +74,9 @@ for _spec in registry.METHODS.values():
         _own = list(_spec.rule_settings.get(_rule, []))
         RULE_SETTINGS[_rule] = _own + [k for k in expand(_spec.passes.get(_rule, [])) if not covered(k, _own)]
     RULE_PASSES.update({r: list(keys) for r, keys in _spec.passes.items()})
+#: the shared rules': the token width and the encoder come from their wildcards (``PASS(rule, encoder=ENC, ...)``)
+RULE_PASSES.update({"tokenize": [], "embed_pretrained": [Only("xtransformer.embed", ("batch_size", "allow_cpu_fallback"))],
+                    "label_embedding_text": [Only("xtransformer.embed", ("max_length",))]})
 
 
 #: The form of an encoder key (the schema's ``$defs/encoder_key``): it names the encoder in paths.

@@ -37,7 +37,7 @@ rule tokenize:
     log:
         "logs/tokenize/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": int(w.maxlen)}),
+        settings=PASS("tokenize", encoder=ENC, max_length=MAXLEN),
         hash=H("tokenize"),
         ingest=folder_of("input"),
         out=R(lay.TOKENS),
@@ -61,8 +61,7 @@ rule embed_pretrained:
     log:
         "logs/embed_pretrained/{dataset}-{enc}-{maxlen}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": ENC(w), "batch_size": S(w)["xtransformer"]["embed"]["batch_size"],
-                                       "allow_cpu_fallback": S(w)["xtransformer"]["embed"]["allow_cpu_fallback"]}),
+        settings=PASS("embed_pretrained", encoder=ENC),
         hash=H("embed_pretrained"),
         out=R(lay.PRETRAINED),
         launch=launch(lambda w: S(w)["xtransformer"]["embed"]),

@@ -62,7 +62,7 @@ rule label_embedding_text:
     log:
         "logs/label_embedding/{dataset}-text-emb__{enc}.log",
     params:
-        settings=lambda w: json.dumps({"encoder": ENC(w), "max_length": S(w)["xtransformer"]["embed"]["max_length"]}),
+        settings=PASS("label_embedding_text", encoder=ENC),
         hash=H("label_embedding_text"),
     threads: threads_of
     resources:
