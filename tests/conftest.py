@@ -96,12 +96,17 @@ def toy_linear_run(tmp_path_factory):
 def neural_toy_run(tmp_path_factory):
     """The toy's neural targets run once through the DAG: MiniLM, 16 tokens, a few steps; read by
     the end-to-end test, copied by the guard test (which then needs only its matcher job) and the
-    local half of the SLURM test (which adds its own two targets to it)."""
+    local half of the SLURM test (which adds its own two targets to it).
+
+    Without MLflow tracking: every job's run and every target's logged model (about 1.2 GB of copied
+    weights here) cost minutes, and the tests reading this folder assert no tracking; the linear toy run
+    (``toy_linear_run``) and tests/test_tracking.py cover the tracking of stages and targets."""
     from test_workflow import NEURAL_OVERRIDES, NEURAL_TARGETS, _run, _toy
 
     tmp = tmp_path_factory.mktemp("toy-neural")
     _toy(tmp)
-    _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=NEURAL_OVERRIDES)
+    _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=NEURAL_OVERRIDES,
+         env={"XMC_TRACKING": "0"})
     return tmp
 
 

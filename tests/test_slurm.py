@@ -114,7 +114,7 @@ def runs(neural_toy_run, slurm_background_run, tmp_path_factory):
     stages and the stage-1 ELIAS model: only these targets' own jobs run there.  The SLURM run is the
     one started with the session (tests/conftest.py), or started here when that did not happen."""
     local = neural_toy_run
-    _run(local, *TARGETS, overrides=OVERRIDES)
+    _run(local, *TARGETS, overrides=OVERRIDES, env={"XMC_TRACKING": "0"})   # as the neural toy run: no MLflow
     bg = slurm_background_run or start_background_run(tmp_path_factory)
     out, seconds = bg.result()
     return local, bg.folder, out, seconds
