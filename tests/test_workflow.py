@@ -45,7 +45,7 @@ def _command(tmp_path, *targets, extra=(), overrides=None, env=None) -> tuple[li
     (tmp_path / "override.yaml").write_text(yaml.safe_dump(over))
     cmd = SNAKEMAKE + [*targets, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
                        "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "override.yaml"), *extra]
-    e = dict(os.environ, XMC_TRACKING="1", **(env or {}))
+    e = {**os.environ, "XMC_TRACKING": "1", **(env or {})}
     e.pop("MLFLOW_TRACKING_URI", None)
     return cmd, e
 
