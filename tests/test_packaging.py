@@ -79,7 +79,7 @@ def test_params_lists_every_setting_with_its_default(method, capsys):
 def test_params_carry_the_comments_and_bounds_of_the_classes(capsys):
     assert cli.main(["params", "xr-linear"]) == 0
     out = capsys.readouterr().out
-    assert "  beam: 10  # beam of the model's own predictions used as MAN negatives; >= 1" in out
+    assert "  beam: 10  # beam width of the tree search: the predictions and the MAN negatives; >= 1" in out
     assert "    C: 1.0  # inverse regularisation strength; > 0" in out          # the nested solver section
     assert "one of tfn, man, tfn+man" in out
     assert cli.main(["params", "nope"]) == 2
