@@ -26,8 +26,8 @@ import numpy as np
 #: texts in 6 batches: 3 a rank)
 N_TRAIN, N_VALID, N_TEST, WIDTH, L, K, BATCH = 24, 8, 8, 12, 8, 4, 4
 STAGES = ("matcher", "elias", "lightxml", "dual_encoder")
-#: the modules whose end-of-training passes go through neural_stage.sharded_embed
-MODULES = {"matcher": "xmc_steps.xtransformer.run", "elias": "xmc_steps.elias.run",
+#: the modules whose end-of-training passes go through neural_stage.sharded_embed (the matcher's: embed_texts)
+MODULES = {"matcher": "xmc_steps.xtransformer.matcher", "elias": "xmc_steps.elias.run",
            "lightxml": "xmc_steps.lightxml.run", "dual_encoder": "xmc_steps.dual_encoder.run"}
 
 

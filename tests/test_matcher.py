@@ -413,3 +413,37 @@ def test_matcher_learns_at_a_thousand_clusters(tiny):
     assert prior < 0.02
     assert recall["default"] > 10 * prior, (prior, recall)
     assert recall["default"] > 5 * recall["random"], (prior, recall)
+
+
+@pytest.mark.parametrize("scorer", ["head", "head+linear"])
+def test_serving_embeds_and_ranks_clusters_as_the_end_of_training_pass(tiny, tmp_path, scorer):
+    """Issue 51: the matcher's PredictParams (topb, eval_batch_size, amp) are saved in matcher.json; serving's
+    predict_matcher reads them back and calls what the stage's end-of-training pass calls (embed_texts,
+    top_clusters): the test split's embeddings and top-b clusters as the stage wrote them, bit for bit; a
+    matcher saved before its PredictParams falls back to its training params."""
+    d = _write_toy(tmp_path, tiny)
+    C = io.load_csr(d / "C.npz")
+    for s in ("train", "valid", "test"):
+        M = (io.load_csr(d / f"Y_{s}.npz") @ C).tocsr()
+        M.data[:] = 0.5
+        io.save_csr(d / f"lin_{s}.npz", M)
+    lin = ["--linear-clusters"] + [str(d / f"lin_{s}.npz") for s in ("train", "valid", "test")]
+    params = {"encoder": tiny, "max_length": 16, "topb": 2, "eval_batch_size": 3, "amp": "off", "device": "cpu",
+              "threads": 1, "allow_weak": True, "scorer": scorer,
+              "train": {"steps": 2, "batch_size": 8, "warmup_steps": 1, "seed": 0}}
+    out = tmp_path / "out"
+    matcher_stage.main(_args(d, out, params) + lin)
+    meta = io.read_json(out / "matcher.json")
+    assert meta["predict"] == {"topb": 2, "eval_batch_size": 3, "amp": "off"}
+    tokens = neural.TokenData.load(d / "tokens_test.npz")
+    lin_test = io.load_csr(d / "lin_test.npz")
+    want_emb, want_top = io.load_arrays(out / "emb_test.npz")["emb"], io.load_csr(out / "clusters_test.npz")
+    for name in ("saved", "old"):
+        if name == "old":                   # a matcher saved before: its training params
+            del meta["predict"]
+            io.write_json(out / "matcher.json", meta)
+        r = xt.predict_matcher(out, tokens, None, "cpu", linear_top=lin_test)
+        assert r["params"] == xt.PredictParams(topb=2, eval_batch_size=3, amp="off") and r["scorer"] == scorer
+        assert np.array_equal(r["emb"], want_emb), name
+        assert (r["clusters"] != want_top).nnz == 0 and np.array_equal(r["clusters"].indices, want_top.indices), name
+    assert xt.predict_matcher(out, tokens, {"topb": 1}, "cpu", linear_top=lin_test)["clusters"].nnz == len(tokens)

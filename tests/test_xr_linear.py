@@ -226,6 +226,51 @@ def test_cli_train_predict(tmp_path):
         assert np.all(np.diff(S.indptr) == min(keep, S.shape[1]))       # the toy tree's 4 clusters
 
 
+def _stage_predictions(tmp_path, model_dir, X, params, name, n_labels=40):
+    """The predictions the xr_linear predict stage writes for ``X`` with the rule's ``params`` (None: none)."""
+    io.save_csr(tmp_path / f"{name}_X.npz", X)
+    argv = ["predict", "--model", str(model_dir), "--features", str(tmp_path / f"{name}_X.npz"),
+            "--out", str(tmp_path / f"{name}.parquet"), "--no-tracking"]
+    xr_main(argv + (["--params", json.dumps(params)] if params is not None else []))
+    return io.read_predictions(tmp_path / f"{name}.parquet", n_labels)
+
+
+def test_one_prediction_path_gives_the_stage_its_former_bytes(tmp_path):
+    """Issue 51: the predict stage and serving call xr_linear.serve.predict, its PredictParams saved with the
+    model (params.json's predict) and overridden by the rule's section: the stage writes the scores its former
+    code computed (XRLinearModel.predict with the section's beam, topk, transform over the model's), bit for bit."""
+    from xmc_steps.xr_linear.serve import PredictParams, predict
+
+    X, Y, tree, model = _model(beam=6, topk=20, transform="sigmoid")
+    model.save(tmp_path / "m")
+    saved = io.read_json(tmp_path / "m" / "params.json")["predict"]
+    assert saved == {"beam": 6, "topk": 20, "transform": "sigmoid"}
+    section = {**XRLinearParams().to_dict(), "beam": 4, "topk": 7}          # what the rule passes: the section
+    for params, want in ((section, dict(beam=4, topk=7, transform="l3-hinge")),
+                         ({"topk": 5}, dict(beam=6, topk=5, transform="sigmoid")),
+                         (None, dict(beam=6, topk=20, transform="sigmoid"))):
+        ref = model.predict(X, **want)
+        P = _stage_predictions(tmp_path, tmp_path / "m", X, params, "p")
+        assert (P != ref).nnz == 0, params
+        r = predict(tmp_path / "m", X, params and {k: params[k] for k in PredictParams.keys() if k in params})
+        assert (r["scores"] != ref).nnz == 0 and r["params"] == PredictParams(**want)
+
+
+def test_a_model_saved_before_its_predict_params_predicts_with_its_training_ones(tmp_path):
+    from xmc_steps.xr_linear.serve import PredictParams, predict
+
+    X, Y, tree, model = _model(beam=3, topk=9)
+    model.save(tmp_path / "m")
+    meta = io.read_json(tmp_path / "m" / "params.json")
+    del meta["predict"]
+    io.write_json(tmp_path / "m" / "params.json", meta)
+    r = predict(tmp_path / "m", X)
+    assert r["params"] == PredictParams(beam=3, topk=9, transform="l3-hinge")
+    assert (r["scores"] != model.predict(X, beam=3, topk=9)).nnz == 0
+    P = _stage_predictions(tmp_path, tmp_path / "m", X, {"beam": 5}, "old")
+    assert (P != model.predict(X, beam=5, topk=9)).nnz == 0
+
+
 def test_the_linear_clusters_stage_derives_what_its_rule_derived():
     """The xtransformer_linear_clusters rule passes the matcher's topb and scorer, fit_on and the tree's {fit}
     unchanged; the stage derives the beam, the clusters kept and whether the test split's are online exactly as

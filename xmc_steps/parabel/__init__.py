@@ -8,6 +8,9 @@ from ..methods import lazy_exports
 _EXPORTS = {
     "HYPER_KEYS": ".model",
     "ParabelParams": ".model",
+    "PredictParams": ".model",
+    "META": ".model",
+    "save_meta": ".model",
     "write_xmc_file": ".model",
     "train": ".model",
     "predict": ".model",

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 
 from .. import io
 from ..params import FIT_ON, Params, Split, bounded
+from ..prediction import SavedPredictParams
 
 @dataclass
 class ParabelParams(Params):
@@ -45,6 +46,28 @@ class ParabelParams(Params):
     threads: int = bounded(2, ge=1, setting=False)  # omikuji's threads (the stage's --threads)
 
     _what = "parabel parameter"
+
+
+@dataclass
+class PredictParams(SavedPredictParams):
+    """What omikuji's beam search takes (:func:`predict`; defaults :class:`ParabelParams`'s): saved with the
+    model (:data:`META`'s ``predict``), read back by :func:`xmc_steps.parabel.serve.predict`."""
+
+    beam: int = bounded(ParabelParams.beam, ge=1)
+    topk: int = bounded(ParabelParams.topk, ge=1)
+
+    _what = "parabel prediction parameter"
+
+
+#: the model folder's description (beside omikuji's ``omikuji`` folder): the training and prediction parameters
+META = "parabel.json"
+
+
+def save_meta(folder: str | Path, params: ParabelParams) -> None:
+    """Write :data:`META` into the model ``folder``: ``params`` (less the threads, which change the speed only)
+    and the :class:`PredictParams` the model predicts with unless a caller overrides them."""
+    io.write_json(Path(folder) / META, {"params": {k: v for k, v in params.to_dict().items() if k != "threads"},
+                                        "predict": PredictParams.of(params).to_dict()})
 
 
 HYPER_KEYS = {

@@ -29,7 +29,8 @@ eval_every, eval_max_docs, eval_batch_size, amp, device, allow_cpu_fallback, thr
 Outputs in ``--out``: ``model.safetensors`` (state dict of
 :class:`~xmc_steps.xtransformer.matcher.MatcherModel`: ``encoder.model.*`` and ``head.weight``),
 ``matcher.json`` (format, encoder, pooling,
-last_k, K, dim, max_length, params, training summary), ``guard.json`` (the guard's
+last_k, K, dim, max_length, params, predict: the
+:class:`~xmc_steps.xtransformer.matcher.PredictParams` serving embeds with, training summary), ``guard.json`` (the guard's
 numbers and the validation curve), ``curve.png`` (that curve with the baselines),
 ``emb_{train,valid,test}.npz`` (key ``emb``, float32 N x dim),
 ``clusters_{train,valid,test}.npz`` (CSR N x K with the top-b scores per row).  Training

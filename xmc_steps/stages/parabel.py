@@ -1,6 +1,8 @@
 """Parabel baseline through the ``omikuji`` package, on the pipeline's TF-IDF features.
 
-The stage: sub-commands ``train`` and ``predict`` mirror :mod:`xmc_steps.stages.xr_linear`.  The
+The stage: sub-commands ``train`` and ``predict`` mirror :mod:`xmc_steps.stages.xr_linear`.  ``train`` saves
+the prediction parameters with the model (``parabel.json``); ``predict`` is :func:`xmc_steps.parabel.serve.predict`,
+serving's too, with the rule's ``beam`` and ``topk`` over the saved ones.  The
 model (omikuji's Parabel, its hyper-parameters and the training file): :mod:`xmc_steps.parabel`.
 """
 
@@ -14,7 +16,7 @@ import scipy.sparse as sp
 
 from .. import io
 from ..errors import StageError
-from ..parabel import ParabelParams, load, predict, train
+from ..parabel import ParabelParams, load, save_meta, train
 from ..stage import add_common_args, cli_main, stage_run
 
 
@@ -58,18 +60,27 @@ def main(argv: list[str] | None = None) -> None:
                 with st.timed("train"):
                     model = train(X, Y, params.to_dict(), tmp, threads)
                 model.save(str(tmp / "omikuji"))
+                save_meta(tmp, params)
             st.output("model", out)
             st.extra["model_paths"] = [str(out)]
             st.metric("train_s", st.timings["train"])
     else:
+        from ..parabel.serve import PredictParams, predict, saved
+
         with stage_run("parabel-predict", args, outputs=[args.out]) as st:
+            over = {k: st.params[k] for k in PredictParams.keys() if k in st.params}   # the rule's beam, topk
             params = _params(st)
+            try:
+                p = PredictParams.effective(saved(args.model), over)
+            except (ValueError, TypeError) as e:
+                raise StageError(f"predict parameters: {e}") from e
+            st.params.update(p.to_dict())
             model = load(Path(args.model) / "omikuji", params.threads)
             X = io.load_csr(args.features)
             t0 = time.perf_counter()
             n_labels = io.read_table(args.label_table, ["label_id"]).num_rows
-            scores = predict(model, X, params.topk, params.beam, n_labels)
-            st.predictions(args.out, scores, params.topk, time.perf_counter() - t0)
+            scores = predict(args.model, X, n_labels, p, model)["scores"]
+            st.predictions(args.out, scores, p.topk, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

@@ -74,29 +74,34 @@ def _train_cli(args) -> None:
 
 
 def _predict_cli(args) -> None:
+    """The top-k labels of the features: :func:`xmc_steps.xr_linear.serve.predict` (serving's too), the
+    parameters saved with the model overridden by the rule's (its ``xr_linear`` section's beam, topk, transform)."""
+    from ..xr_linear.serve import META, PredictParams, predict
+
     with stage_run("xr_linear_predict", args, outputs=[args.out]) as st:
         try:
             model = XRLinearModel.load(args.model)
+            meta = io.read_json(Path(args.model) / META)
         except (OSError, ValueError) as e:
             raise StageError(f"cannot load model {args.model}: {e}") from e
-        try:       # the xr_linear section (or any of its keys) over the model's own: beam, topk, transform
-            params = XRLinearParams.from_dict({**model.params.to_dict(), **st.params})
+        try:       # the xr_linear section (or any of its keys) is checked; its beam, topk, transform win
+            XRLinearParams.from_dict({**model.params.to_dict(), **st.params})
+            p = PredictParams.effective(meta, {k: st.params[k] for k in PredictParams.keys() if k in st.params})
         except (ValueError, TypeError) as e:
             raise StageError(f"predict parameters: {e}") from e
         X = _stack(args.features)
         if X.shape[1] != model.n_features:
             raise StageError(f"features have {X.shape[1]} columns, the model expects {model.n_features}")
-        cfg = {"beam": params.beam, "topk": params.topk, "transform": params.transform}
-        st.params.update(cfg)
+        st.params.update(p.to_dict())
         resources.check_memory(f"xr-linear predictions of {X.shape[0]:,} documents",
-                               predict_bytes(X.shape[0], model.tree, int(cfg["beam"]), int(cfg["topk"]), W=model.W),
+                               predict_bytes(X.shape[0], model.tree, p.beam, p.topk, W=model.W),
                                "xr_linear.topk (predictions kept per document) or xr_linear.beam", st.log)
         t0 = time.perf_counter()
         with st.timed("predict"):
-            P = model.predict(X, beam=int(cfg["beam"]), topk=int(cfg["topk"]), transform=cfg["transform"])
+            P = predict(args.model, X, p, model)["scores"]
         dt = time.perf_counter() - t0
         st.log.info("predicted %d documents in %.2f s", X.shape[0], dt)
-        st.predictions(args.out, P, int(cfg["topk"]), dt)
+        st.predictions(args.out, P, p.topk, dt)
 
 
 #: what ``clusters`` takes, with its defaults for a run by hand: the xtransformer_linear_clusters rule passes

@@ -8,6 +8,7 @@ from ..methods import lazy_exports
 _EXPORTS = {
     "FORMAT": ".model",
     "XRLinearParams": ".model",
+    "PredictParams": ".model",
     "with_bias": ".model",
     "XRLinearModel": ".model",
     "max_children": ".model",

@@ -42,6 +42,7 @@ from .. import io, resources
 from ..cluster_tree import ClusterTree
 from ..negatives import binarize, combine
 from ..params import FIT_ON, NegativeKind, Params, Split, bounded
+from ..prediction import SavedPredictParams
 from ..ranker import SOLVER_MOVED, RankerParams, append_bias, train_rankers
 from ..search import (PREDICT_BATCH, LinearTreeTables, Transform, beam_search, expand_children, linear_scorer,
                      topk_per_row, uses_dense_block)
@@ -68,6 +69,17 @@ class XRLinearParams(Params):
     _moved = SOLVER_MOVED
     _what = "xr-linear parameter"
 
+
+@dataclass
+class PredictParams(SavedPredictParams):
+    """What XR-Linear's beam search takes (:meth:`XRLinearModel.predict`; defaults :class:`XRLinearParams`'s):
+    saved with the model (``params.json``'s ``predict``), read back by :func:`xmc_steps.xr_linear.serve.predict`."""
+
+    beam: int = bounded(XRLinearParams.beam, ge=1)
+    topk: int = bounded(XRLinearParams.topk, ge=1)
+    transform: Transform = XRLinearParams.transform
+
+    _what = "xr-linear prediction parameter"
 
 
 def with_bias(X: sp.spmatrix, bias: float) -> sp.csr_matrix:
@@ -200,6 +212,7 @@ class XRLinearModel:
 
     # -- persistence
     def save(self, path) -> None:
+        """The tree, the rankers and ``params.json`` (the training parameters and the saved :class:`PredictParams`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.tree.save(path / "tree.npz")
@@ -209,7 +222,8 @@ class XRLinearModel:
             "format": FORMAT, "depth": self.tree.depth, "n_features": self.n_features,
             "n_labels": self.n_labels, "level_sizes": self.tree.level_sizes,
             # threads change the speed, not the model: left out, so a model is the same file for any
-            "params": {k: v for k, v in self.params.to_dict().items() if k != "threads"}})
+            "params": {k: v for k, v in self.params.to_dict().items() if k != "threads"},
+            "predict": PredictParams.of(self.params).to_dict()})
 
     @classmethod
     def load(cls, path) -> "XRLinearModel":

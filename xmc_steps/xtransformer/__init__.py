@@ -11,7 +11,9 @@ Modules
   recipe :data:`TRAIN_DEFAULTS`;
 * :mod:`.matcher`: :class:`MatcherModel` and Eq. 3's loss, the least-squares heads, training
   (:func:`train_matcher`), the cluster scores (:func:`predict_clusters`, :func:`topb_from_emb`,
-  :func:`head_linear_topb`), :func:`finish_matcher` and :func:`load_matcher`;
+  :func:`head_linear_topb`), :func:`finish_matcher` and :func:`load_matcher`; the matcher's prediction
+  (:class:`PredictParams`, saved with it; :func:`embed_texts` and :func:`top_clusters`, the end-of-training
+  pass's and serving's :func:`predict_matcher`);
 * :mod:`.run`: the matcher's training run its stage calls (as ELIAS's and LightXML's ``run``);
 * :mod:`.guard`: on the shared :mod:`xmc_steps.guard`, the cluster metrics, the trivial matchers, :class:`GuardReport`,
   :func:`check_matcher` (the matcher stage's test) and :func:`alone_failure` / :func:`check_guard`
@@ -40,9 +42,10 @@ _MODULE_OF = {
     **{name: ".guard" for name in ("GuardReport", "alone_failure", "check_guard", "check_matcher", "cluster_recall",
                                   "frequency_topb", "guard_width", "top1_precision")},
     **{name: ".matcher" for name in (
-        "MatcherModel", "build_model", "cluster_targets", "evaluate_clusters", "finish_matcher", "head_linear_topb",
-        "linear_head", "load_cluster_assignment", "load_matcher", "matcher_bytes", "predict_clusters", "refit_head",
-        "squared_hinge_loss", "topb_from_emb", "train_matcher")},
+        "MatcherModel", "PredictParams", "build_model", "cluster_targets", "embed_texts", "evaluate_clusters",
+        "finish_matcher", "head_linear_topb", "linear_head", "load_cluster_assignment", "load_matcher", "matcher_bytes",
+        "predict_clusters", "predict_matcher", "refit_head", "squared_hinge_loss", "top_clusters", "topb_from_emb",
+        "train_matcher")},
     **{name: ".params" for name in ("HEAD_INITS", "SCORERS", "TRAIN_DEFAULTS", "TRAIN_MOVED", "MatcherParams")},
     **{name: ".ranker" for name in ("CANDIDATES", "COMBINERS", "RANKER_INPUTS", "XTransformerRankerParams",
                                    "candidate_clusters", "load_head", "ranker_bytes")},

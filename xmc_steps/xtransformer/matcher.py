@@ -1,7 +1,9 @@
 """X-Transformer's neural matcher (§3.3): :class:`MatcherModel` (encoder + bias-free head over ``K``
 clusters), Eq. 3's loss, the least-squares heads (start and re-fit), training (:func:`train_matcher`),
 the cluster scores (``head`` and ``head+linear``), :func:`finish_matcher` (re-fit, scorers, guard)
-and :func:`load_matcher`.  The readings and the measurements: docs/methods/xtransformer.md;
+and :func:`load_matcher`.  The matcher's prediction (:class:`PredictParams`, saved in ``matcher.json``'s
+``predict``): :func:`embed_texts` and :func:`top_clusters`, what the end-of-training pass and serving
+(:func:`predict_matcher`) both call.  The readings and the measurements: docs/methods/xtransformer.md;
 the stage: :mod:`xmc_steps.stages.matcher`."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -20,9 +23,13 @@ from torch import nn
 
 from .. import io, neural, resources
 from ..errors import StageError
+from ..layout import GUARD
 from ..linear_start import least_squares_bytes, least_squares_head
 from ..negatives import binarize
-from ..neural_stage import load_trained
+from ..neural import Amp
+from ..neural_stage import load_trained, sharded_embed
+from ..params import bounded
+from ..prediction import SavedPredictParams
 from ..search import SCORE_FLOOR, matcher_scores, topk_per_row, transform
 from ..trainer import Trainer, digest, list_checkpoints, param_groups
 from .guard import GuardReport, check_matcher, cluster_recall, guard_width, top1_precision
@@ -155,6 +162,57 @@ def head_linear_topb(emb: np.ndarray, W: np.ndarray, linear_top: sp.spmatrix, b:
     fused.data = np.maximum(fused.data, SCORE_FLOOR).astype(np.float32)
     return topk_per_row(fused, min(int(b), K))
 
+
+
+@dataclass
+class PredictParams(SavedPredictParams):
+    """The matcher's prediction (defaults :class:`MatcherParams`'s): the encoder pass's batch and autocast, the
+    clusters kept.  Saved in ``matcher.json``'s ``predict`` by the training run; a matcher saved before falls
+    back to its training ``params`` (the same keys)."""
+
+    topb: int = bounded(MatcherParams.topb, ge=1)
+    eval_batch_size: int = bounded(MatcherParams.eval_batch_size, ge=1)
+    amp: Amp = MatcherParams.amp
+
+    _what = "matcher prediction parameter"
+
+
+def embed_texts(model: MatcherModel, tokens: neural.TokenData, p: PredictParams, device: torch.device | str,
+                progress: Callable[..., Any] | None = None) -> tuple[np.ndarray | None, float]:
+    """``(phi(x), seconds)``: the matcher's encoder pass over ``tokens`` (``p.eval_batch_size``, ``p.amp``), split
+    over the ranks under torchrun (:func:`~xmc_steps.neural_stage.sharded_embed`; rank 0 gets every row, the
+    others ``None``).  The end-of-training pass's and serving's."""
+    return sharded_embed(model.encoder, tokens, p.eval_batch_size, device, p.amp, progress=progress)
+
+
+def top_clusters(emb: np.ndarray, W: np.ndarray, topb: int, scorer: str, linear_top: sp.spmatrix | None,
+                 device: torch.device | str = "cpu") -> sp.csr_matrix:
+    """The top-``topb`` clusters of the embeddings by the head ``W`` and the ``scorer`` the guard chose
+    (``head``: :func:`topb_from_emb`; ``head+linear``: :func:`head_linear_topb` with the linear tree's
+    ``linear_top``).  The end-of-training pass's (``clusters_*.npz``) and serving's."""
+    with torch.no_grad():
+        if scorer == "head+linear":
+            return head_linear_topb(emb, W, linear_top, topb, device)
+        return topb_from_emb(emb, W, topb, device)
+
+
+def predict_matcher(model_dir: str | os.PathLike, tokens: neural.TokenData,
+                    params: Mapping[str, Any] | PredictParams | None = None, device: torch.device | str = "auto",
+                    model: MatcherModel | None = None, linear_top: sp.spmatrix | None = None) -> dict[str, Any]:
+    """A trained matcher's prediction for new texts, as its stage's end-of-training pass writes the test split's:
+    ``emb`` (:func:`embed_texts`), ``clusters`` (:func:`top_clusters` by the scorer in ``guard.json``; a
+    ``head+linear`` matcher needs the linear tree's ``linear_top``), the head ``W`` and the ``params`` used (the
+    saved ones overridden by ``params``).  ``model``: the folder's :func:`load_matcher` when the caller has it."""
+    folder = Path(model_dir)
+    p = PredictParams.effective(io.read_json(folder / "matcher.json"), params)
+    dev = neural.resolve_device(device)
+    if model is None:
+        model = load_matcher(folder, dev)
+    emb, _ = embed_texts(model, tokens, p, dev)
+    W = model.head.weight.detach().float().cpu().numpy()
+    scorer = io.read_json(folder / GUARD).get("scorer", "head")
+    return {"emb": emb, "clusters": top_clusters(emb, W, p.topb, scorer, linear_top, dev), "head": W, "params": p,
+            "scorer": scorer}
 
 
 def evaluate_clusters(model: MatcherModel, tokens: neural.TokenData, M: sp.spmatrix, b: int, batch_size: int = 128,

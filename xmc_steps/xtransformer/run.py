@@ -2,7 +2,8 @@
 :mod:`xmc_steps.elias.run` and LightXML's :mod:`xmc_steps.lightxml.run`: the inputs read and checked, the
 matcher trained (:func:`.matcher.train_matcher`), the splits embedded, the head (re-fit, scorer) and the
 guard (:func:`.matcher.finish_matcher`; :mod:`.guard` over the shared :mod:`xmc_steps.guard`), the top-b
-clusters of every split, the model saved and the curve drawn.
+clusters of every split (:func:`.matcher.embed_texts` and :func:`.matcher.top_clusters`, serving's too), the
+model saved with its :class:`.matcher.PredictParams` and the curve drawn.
 
 A stage reads::
 
@@ -27,11 +28,10 @@ from ..curves import CurveLog, plot_curve
 from ..errors import StageError
 from ..guard import enforce
 from ..layout import CURVE, GUARD, WEIGHTS
-from ..neural_stage import (load_tokens, record_training, remove_checkpoints, save_trained, sharded_embed,
-                            training_device)
+from ..neural_stage import load_tokens, record_training, remove_checkpoints, save_trained, training_device
 from .guard import top1_precision
-from .matcher import (FORMAT, cluster_targets, finish_matcher, head_linear_topb, load_cluster_assignment,
-                      topb_from_emb, train_matcher)
+from .matcher import (FORMAT, PredictParams, cluster_targets, embed_texts, finish_matcher, load_cluster_assignment,
+                      top_clusters, train_matcher)
 from .params import MatcherParams
 
 SPLITS = ("train", "valid", "test")
@@ -127,11 +127,11 @@ def run_training(st, out: str | os.PathLike, params: MatcherParams, files: Train
         record_training(st, trainer)
         n_pred, t_pred = 0, 0.0
         embs = {}
+        pp = PredictParams.of(params)           # the matcher's prediction, saved with it (serving's too)
         for s in ("valid", "train", "test"):
             # every rank embeds its share of the split's batches and rank 0 gathers them (neural_stage)
             with st.timed(f"predict_{s}"):
-                embs[s], secs = sharded_embed(model.encoder, tokens[s], params.eval_batch_size, trainer.device,
-                                              params.amp, progress=st.log.info)
+                embs[s], secs = embed_texts(model, tokens[s], pp, trainer.device, progress=st.log.info)
                 t_pred += secs
                 n_pred += len(tokens[s])
         if not trainer.is_main:      # with several processes rank 0 alone re-fits the head, checks and writes
@@ -155,8 +155,7 @@ def run_training(st, out: str | os.PathLike, params: MatcherParams, files: Train
         for s in SPLITS:
             with st.timed(f"predict_{s}"):
                 t0 = time.perf_counter()
-                top = (head_linear_topb(embs[s], W, linear[s], params.topb, trainer.device)
-                       if report.scorer == "head+linear" else topb_from_emb(embs[s], W, params.topb, trainer.device))
+                top = top_clusters(embs[s], W, pp.topb, report.scorer, linear.get(s), trainer.device)
                 preds[s] = (top, embs[s])
                 t_pred += time.perf_counter() - t0
         st.metric("valid_cluster_p_at_1", top1_precision(preds["valid"][0], M_valid))
@@ -185,7 +184,7 @@ def run_training(st, out: str | os.PathLike, params: MatcherParams, files: Train
         enforce(None if report.passed else report.message(), params.allow_weak, "xtransformer.matcher", st.log)
         meta = {"format": FORMAT, "encoder": params.encoder, "encoder_path": str(encoders.resolve(params.encoder)),
                 "pooling": params.pooling, "last_k": model.encoder.last_k, "K": K, "dim": model.encoder.dim,
-                "max_length": width, "params": params.to_dict(), "train_steps": trainer.step,
+                "max_length": width, "params": params.to_dict(), "predict": pp.to_dict(), "train_steps": trainer.step,
                 "n_train": len(tokens["train"]), "device": str(trainer.device)}
         save_trained(st, out, model, "matcher.json", meta, FORMAT)
         for s in SPLITS:
