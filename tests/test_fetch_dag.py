@@ -16,7 +16,7 @@ OVERRIDES = {"datasets": {"eurlex4k": {"cluster": {"leaf_size": 2, "branching": 
 
 
 def _env(server, manifest=None):
-    env = {"XMC_DATASET_BASE_URL": server.url}
+    env = {"XMC_DATASET_BASE_URL": server.url, "XMC_TRACKING": "0"}     # the fetch and the run, not the tracking
     if manifest is not None:
         env["XMC_DATASET_MANIFEST"] = str(manifest)
     return env
