@@ -107,12 +107,12 @@ def neural_toy_run(tmp_path_factory):
     Without MLflow tracking: every job's run and every target's logged model (about 1.2 GB of copied
     weights here) cost minutes, and the tests reading this folder assert no tracking; the linear toy run
     (``toy_linear_run``) and tests/test_tracking.py cover the tracking of stages and targets."""
-    from test_workflow import NEURAL_OVERRIDES, NEURAL_TARGETS, _run, _toy
+    from test_workflow import NEURAL_OVERRIDES, NEURAL_TARGETS, UNTRACKED, _run, _toy
 
     tmp = tmp_path_factory.mktemp("toy-neural")
     _toy(tmp)
     _run(tmp, *NEURAL_TARGETS, "results/toy/xtransformer-selection.md", overrides=NEURAL_OVERRIDES,
-         env={"XMC_TRACKING": "0"}, extra=("--prioritize", *PRIORITY))
+         env=UNTRACKED, extra=("--prioritize", *PRIORITY))
     return tmp
 
 

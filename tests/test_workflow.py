@@ -363,6 +363,10 @@ NEURAL_TARGETS = ["results/toy/xtransformer.json", "results/toy/xtransformer-tfi
 # GUDN: three epochs (test P@1 98.3; two gave 85.0 and 86.7, too near the floor of 80 for a slower machine's numbers)
 NEURAL_TINY["gudn"] = {"backbone": {"train": {**NEURAL_TINY["lightxml"]["train"], "epochs": 3}}}
 
+#: the environment of a run in (a copy of) the neural toy run's folder, which goes without MLflow tracking
+#: (tests/conftest.py's neural_toy_run)
+UNTRACKED = {"XMC_TRACKING": "0"}
+
 #: the settings of the neural toy runs (tests/conftest.py's neural_toy_run, and the SLURM test's)
 # the dual encoder: two epochs of 15 batches of 16 (NGAME's clusters of 2, one label mined per text)
 NEURAL_TINY["dual_encoder"] = {"max_length": 16, "label_max_length": 8, "eval_every": 0, "allow_weak": True,
@@ -461,7 +465,7 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(neural_toy_run, tmp_
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}},
             "data_dir": str(neural_toy_run / "data")}
     started = time.time()
-    r = _run(tmp_path, "results/toy/xtransformer.json", overrides=over, check=False)
+    r = _run(tmp_path, "results/toy/xtransformer.json", overrides=over, check=False, env=UNTRACKED)
     assert r.returncode != 0
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
     assert "the matcher learned too little" in log and "xtransformer.matcher.allow_weak" in log
@@ -477,7 +481,7 @@ def test_matcher_guard_stops_a_matcher_that_learned_nothing(neural_toy_run, tmp_
     # the stages after it are the neural DAG test's
     tiny["xtransformer"]["matcher"]["allow_weak"] = True
     over["datasets"]["toy"].update(tiny)
-    _run(tmp_path, str((mdir / "guard.json").relative_to(tmp_path)), overrides=over)
+    _run(tmp_path, str((mdir / "guard.json").relative_to(tmp_path)), overrides=over, env=UNTRACKED)
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "matcher").glob("*.log"))
     assert "training already complete" in log and "continuing: xtransformer.matcher.allow_weak is true" in log
     guard = json.loads((mdir / "guard.json").read_text())
@@ -497,7 +501,7 @@ def test_elias_guard_stops_a_stage_that_learned_nothing(neural_toy_run, tmp_path
     over = {"datasets": {"toy": {"cluster": {"leaf_size": 2, "branching": 2}, "threads": 1, **tiny}},
             "data_dir": str(neural_toy_run / "data")}
     started = time.time()
-    r = _run(tmp_path, "results/toy/elias-stage1.json", overrides=over, check=False)
+    r = _run(tmp_path, "results/toy/elias-stage1.json", overrides=over, check=False, env=UNTRACKED)
     assert r.returncode != 0
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "elias_stage1").glob("*.log")
                   if p.stat().st_mtime > started)
@@ -511,7 +515,7 @@ def test_elias_guard_stops_a_stage_that_learned_nothing(neural_toy_run, tmp_path
                                                      "xtransformer_linear_train"}, ran
     tiny["elias"]["allow_weak"] = True
     over["datasets"]["toy"].update(tiny)
-    _run(tmp_path, str((s1 / "guard.json").relative_to(tmp_path)), overrides=over)
+    _run(tmp_path, str((s1 / "guard.json").relative_to(tmp_path)), overrides=over, env=UNTRACKED)
     log = "".join(p.read_text() for p in (tmp_path / "logs" / "elias_stage1").glob("*.log"))
     assert "training already complete" in log and "continuing: elias.allow_weak is true" in log
     guard = json.loads((s1 / "guard.json").read_text())
