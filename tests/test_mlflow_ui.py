@@ -209,7 +209,10 @@ def _walk(b: Browser, url: str, exp_id: str, shots: dict[str, Path]) -> str:
     b.wait_for("Array.from(document.querySelectorAll('[role=columnheader]')).some(e => e.innerText.trim() === 'p_at_1')",
                what="the p_at_1 column after a reload")
 
-    # select both runs, Compare
+    # select both runs, Compare: once the reloaded table holds the rows (a select-all clicked before they load
+    # selects nothing, and no Compare button comes: seen once on a slow machine)
+    for method in P_AT_1:
+        b.wait_for(f"({_ROW_JS})({json.dumps(method)})", what=f"{method}'s row after the reload")
     b.wait_for("!!document.querySelector('input[aria-label=\"Select all runs\"]')", what="the select-all box")
     b.js("document.querySelector('input[aria-label=\"Select all runs\"]').click()")
     b.click_text("Compare")
